@@ -1,0 +1,66 @@
+# Fleet's developer entry points. Every target bootstraps its own environment: on a fresh machine
+# with only python3 (>= 3.11) and make, `make test` and `make dev` work from a clean clone.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+UV_VERSION := 0.13.9
+STAMP := $(VENV)/.installed
+PACKAGES := contract fleet-core fleet-serving
+
+.PHONY: help dev seed test check lint format typecheck compat bench lock clean
+
+help:
+	@echo "make dev    - run the system on embedded defaults"
+	@echo "make test   - run every test (the CI command)"
+	@echo "make check  - format check, lint, types, import layering, contract compatibility, tests"
+	@echo "make bench  - run the benchmarks and write docs/benchmarks.md"
+	@echo "make lock   - re-resolve dependencies and rewrite requirements.lock"
+
+$(BIN)/uv:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+# requirements.lock pins every third-party package with hashes; the three workspace packages are
+# installed editable on top, without dependencies, so nothing unpinned slips in.
+$(STAMP): $(BIN)/uv requirements.lock $(addsuffix /pyproject.toml,$(PACKAGES))
+	$(BIN)/uv pip install --quiet --python $(PY) --require-hashes -r requirements.lock
+	$(BIN)/uv pip install --quiet --python $(PY) --no-deps --no-build-isolation \
+		$(addprefix -e ./,$(PACKAGES))
+	touch $(STAMP)
+
+dev: $(STAMP)
+	$(PY) -m fleet_core.devrun
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy contract/src fleet-core/src fleet-serving/src
+
+compat: $(STAMP)
+	$(PY) -m fleet_contract.compat
+
+check: lint typecheck compat test
+
+bench: $(STAMP)
+	$(PY) -m e2e_bench
+
+# Needs the network: resolves the workspace afresh. uv.lock is a by-product and stays out of git.
+lock: $(BIN)/uv
+	$(BIN)/uv lock --upgrade
+	$(BIN)/uv export --format requirements-txt --no-emit-workspace --all-packages --group dev \
+		--no-header --quiet -o requirements.lock
+
+clean:
+	rm -rf $(VENV) .dev .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,117 @@
+"""The inventory report: what fleet-serving has seen in a cluster, as fleet-core receives it.
+
+One report is a full snapshot, not a delta, so a lost PUT costs nothing but freshness. It carries
+no totals: a receiver recomputes every count from the node list rather than trusting one (P6's
+spirit applied to capacity), which is why there is no ``totalGpus`` field and never will be.
+
+Evolution rules (ADR 0001): a new field gets a default; a field's type never changes; unknown
+fields are tolerated on decode (never ``forbid_unknown_fields``); anything else is a new major.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "SUPPORTED_SCHEMA_VERSIONS",
+    "Endpoint",
+    "Engine",
+    "Gpu",
+    "InventoryReport",
+    "MigSlice",
+    "ModelDeployment",
+    "Node",
+    "NodeLabels",
+    "Phase",
+    "WeightFormat",
+]
+
+SCHEMA_VERSION = 1
+"""The major version written into every report this package encodes."""
+
+SUPPORTED_SCHEMA_VERSIONS = (1,)
+"""Majors this package can decode. A receiver answers anything else with the list."""
+
+Engine = Literal["vllm", "llamacpp"]
+WeightFormat = Literal["safetensors", "gguf"]
+Phase = Literal["Pending", "Scheduling", "Ready", "Failed"]
+
+NonNegative = Annotated[int, Meta(ge=0)]
+Positive = Annotated[int, Meta(ge=1)]
+Name = Annotated[str, Meta(min_length=1)]
+ComputeCapability = Annotated[str, Meta(pattern=r"^[0-9]+\.[0-9]+$")]
+UtcTime = Annotated[datetime, Meta(tz=True)]
+
+
+class MigSlice(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """A MIG profile advertised by a node, e.g. ``1g.10gb`` × 7."""
+
+    profile: Name
+    count: NonNegative
+
+
+class Gpu(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """One kind of GPU on a node; ``count`` identical devices."""
+
+    vendor: Name
+    product: Name
+    memory_mib: NonNegative
+    count: NonNegative
+    compute_capability: ComputeCapability | None = None
+    mig_slices: tuple[MigSlice, ...] = ()
+
+
+class NodeLabels(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """The node labels placement and billing care about; the rest stay in the cluster."""
+
+    zone: str | None = None
+    instance_type: str | None = None
+
+
+class Node(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """A cluster node as the operator saw it."""
+
+    name: Name
+    ready: bool
+    schedulable: bool
+    labels: NodeLabels = NodeLabels()
+    gpus: tuple[Gpu, ...] = ()
+
+
+class Endpoint(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """One replica's OpenAI base URL (a pod, not a Service VIP: the gateway picks, P3)."""
+
+    url: Name
+    ready: bool
+
+
+class ModelDeployment(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """A FleetModel and what the cluster made of it."""
+
+    name: Name
+    namespace: Name
+    served_model_name: Name
+    engine: Engine
+    weight_format: WeightFormat
+    gpus_per_replica: NonNegative
+    desired_replicas: NonNegative
+    ready_replicas: NonNegative
+    phase: Phase
+    reason: str = ""
+    endpoints: tuple[Endpoint, ...] = ()
+
+
+class InventoryReport(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """The body of ``PUT /api/v1/inventory``: a full snapshot of one cluster."""
+
+    schema_version: Positive
+    cluster_id: Name
+    observed_at: UtcTime
+    reporter_version: Name
+    nodes: tuple[Node, ...] = ()
+    deployments: tuple[ModelDeployment, ...] = ()

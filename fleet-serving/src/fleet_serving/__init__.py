@@ -1,0 +1,3 @@
+"""Fleet's Kubernetes operator."""
+
+__version__ = "0.1.0"
