@@ -6,9 +6,10 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-import fleet_contract as fc
 import jsonschema
 import pytest
+
+import fleet_contract as fc
 
 from . import v1_reader
 

