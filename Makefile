@@ -54,7 +54,7 @@ compat: $(STAMP)
 check: lint typecheck compat test
 
 bench: $(STAMP)
-	@echo "make bench: no benchmark yet; the gateway benchmark arrives with the gateway"
+	PYTHONPATH=e2e $(PY) -m bench
 
 # Needs the network: resolves the workspace afresh. uv.lock is a by-product and stays out of git.
 lock: $(BIN)/uv

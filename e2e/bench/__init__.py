@@ -1,0 +1,1 @@
+"""``make bench``: each measurement beside a baseline taken in the same run (docs/benchmarks.md)."""

@@ -1,0 +1,74 @@
+"""A closed-loop load generator in its own process: N workers, fixed duration, latencies.
+
+Usage: python -m bench.load URL CONCURRENCY SECONDS stream|plain  → one JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import aiohttp
+import uvloop
+
+BODY = {
+    "model": "bench",
+    "messages": [{"role": "user", "content": "benchmark me"}],
+    "max_tokens": 16,
+}
+
+
+async def worker(
+    session: aiohttp.ClientSession,
+    url: str,
+    stream: bool,
+    until: float,
+    latencies: list[float],
+    errors: list[int],
+) -> None:
+    body = json.dumps({**BODY, "stream": stream}).encode()
+    headers = {"content-type": "application/json"}
+    while time.perf_counter() < until:
+        start = time.perf_counter()
+        async with session.post(url, data=body, headers=headers) as resp:
+            await resp.read()
+            if resp.status != 200:
+                errors.append(resp.status)
+                continue
+        latencies.append(time.perf_counter() - start)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def main(base: str, concurrency: int, seconds: float, stream: bool) -> dict[str, float]:
+    url = base + "/v1/chat/completions"
+    latencies: list[float] = []
+    errors: list[int] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        warm_until = time.perf_counter() + min(1.0, seconds / 4)
+        await asyncio.gather(
+            *(worker(session, url, stream, warm_until, [], []) for _ in range(concurrency))
+        )
+        start = time.perf_counter()
+        until = start + seconds
+        await asyncio.gather(
+            *(worker(session, url, stream, until, latencies, errors) for _ in range(concurrency))
+        )
+        elapsed = time.perf_counter() - start
+    return {
+        "rps": len(latencies) / elapsed,
+        "p50_ms": percentile(latencies, 0.5) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
+        "requests": len(latencies),
+        "errors": len(errors),
+    }
+
+
+if __name__ == "__main__":
+    url, conc, secs, mode = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    print(json.dumps(uvloop.run(main(url, conc, secs, mode == "stream"))))

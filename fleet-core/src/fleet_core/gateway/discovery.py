@@ -1,0 +1,74 @@
+"""Endpoint discovery from the control plane (``FLEET_CONTROL_PLANE_URL``).
+
+The control plane derives, from the operators' inventory reports, the ready pod endpoints of every
+served model and serves them at ``GET /api/v1/endpoints`` with an ETag. The gateway polls it with
+``If-None-Match`` (a 304 costs almost nothing), rebuilds its routing table when the document
+changes and swaps it in atomically, so a scale-up reaches routing within about one poll interval
+and nothing restarts. The document reuses the contract's types for engines and endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+import msgspec
+
+from fleet_contract import Endpoint, Engine
+from fleet_core.gateway.routing.table import DiscoveredModel
+
+__all__ = ["DiscoveredEndpoints", "EndpointsDocument", "poll_endpoints"]
+
+log = logging.getLogger("fleet.gateway.discovery")
+
+
+class DiscoveredEndpoints(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    served_model_name: str
+    engine: Engine
+    endpoints: tuple[Endpoint, ...] = ()
+
+
+class EndpointsDocument(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The body of ``GET /api/v1/endpoints``."""
+
+    models: tuple[DiscoveredEndpoints, ...] = ()
+
+    def ready_models(self) -> list[DiscoveredModel]:
+        return [
+            DiscoveredModel(
+                m.served_model_name,
+                m.engine,
+                tuple(e.url.rstrip("/") for e in m.endpoints if e.ready),
+            )
+            for m in self.models
+        ]
+
+
+_decoder = msgspec.json.Decoder(EndpointsDocument)
+
+
+async def poll_endpoints(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    apply: Callable[[list[DiscoveredModel]], None],
+    *,
+    interval: float,
+) -> None:
+    """Poll forever; ``apply`` is called with every changed document. Errors keep the last one."""
+    etag: str | None = None
+    url = base_url.rstrip("/") + "/api/v1/endpoints"
+    while True:
+        headers = {"If-None-Match": etag} if etag else {}
+        try:
+            async with session.get(url, headers=headers) as response:
+                if response.status == 200:
+                    document = _decoder.decode(await response.read())
+                    etag = response.headers.get("ETag")
+                    apply(document.ready_models())
+                elif response.status != 304:
+                    log.warning("control plane answered %s for %s", response.status, url)
+        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
+            log.warning("endpoint discovery failed, keeping the last table: %s", exc)
+        await asyncio.sleep(interval)

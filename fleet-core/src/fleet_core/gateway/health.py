@@ -1,0 +1,71 @@
+"""Active health checks: every endpoint probed on its engine kind's health path each interval.
+
+vLLM and llama.cpp's ``llama-server`` answer ``/health``; a generic OpenAI server may have none,
+so the ``openai`` kind is probed with ``/v1/models``. A passing check also readmits an endpoint that
+passive ejection took out (``EndpointRegistry.record_failure``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+
+from fleet_core.gateway.routing.endpoints import EndpointRegistry, EndpointState
+from fleet_core.gateway.routing.table import RoutingTable, Target
+
+__all__ = ["HealthChecker", "health_path"]
+
+log = logging.getLogger("fleet.gateway.health")
+
+
+def health_path(target: Target) -> str:
+    return "/v1/models" if target.engine == "openai" else "/health"
+
+
+class HealthChecker:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        registry: EndpointRegistry,
+        *,
+        interval: float,
+        timeout: float,
+    ) -> None:
+        self._session = session
+        self._registry = registry
+        self._interval = interval
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+
+    async def check(self, target: Target) -> None:
+        state = self._registry.get(target.url)
+        headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+        try:
+            async with self._session.get(
+                target.url + health_path(target), headers=headers, timeout=self._timeout
+            ) as response:
+                ok = response.status == 200
+                reason = "health check passed" if ok else f"health check answered {response.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            ok, reason = False, f"health check failed: {type(exc).__name__}"
+        self._apply(state, ok, reason)
+
+    def _apply(self, state: EndpointState, ok: bool, reason: str) -> None:
+        if ok:
+            state.consecutive_failures = 0
+        state.checked_at = asyncio.get_running_loop().time()
+        state.mark(ok, reason)
+
+    async def check_all(self, table: RoutingTable) -> None:
+        targets = {t.url: t for pool in table.pools.values() for t in pool.targets}
+        await asyncio.gather(*(self.check(t) for t in targets.values()))
+
+    async def run(self, table_of: Callable[[], RoutingTable]) -> None:
+        while True:
+            try:
+                await self.check_all(table_of())
+            except Exception:  # a checker that dies silently is worse than one that logs
+                log.exception("health check round failed")
+            await asyncio.sleep(self._interval)

@@ -1,0 +1,58 @@
+"""The live routing state: the current table (swapped whole) and the endpoint registry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from fleet_core.gateway.config import GatewayConfig
+from fleet_core.gateway.routing.endpoints import EndpointRegistry
+from fleet_core.gateway.routing.table import DiscoveredModel, RoutingTable, build_table
+
+__all__ = ["Router"]
+
+
+class Router:
+    def __init__(self, config: GatewayConfig, registry: EndpointRegistry) -> None:
+        self.config = config
+        self.registry = registry
+        self.table: RoutingTable = build_table(config)
+        self._sync()
+
+    def current(self) -> RoutingTable:
+        return self.table
+
+    def apply_discovery(self, discovered: Iterable[DiscoveredModel]) -> None:
+        """Rebuild from static config plus ``discovered`` and swap in one assignment."""
+        self.table = build_table(self.config, discovered)
+        self._sync()
+
+    def _sync(self) -> None:
+        self.registry.sync(t.url for p in self.table.pools.values() for t in p.targets)
+
+    def any_ready(self) -> bool:
+        return any(
+            self.registry.get(t.url).ready for p in self.table.pools.values() for t in p.targets
+        )
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for pool in self.table.pools.values():
+            endpoints = []
+            for target in pool.targets:
+                state = self.registry.get(target.url)
+                endpoints.append(
+                    {
+                        "url": target.url,
+                        "state": "ready" if state.ready else "down",
+                        "reason": state.reason,
+                        "inFlight": state.in_flight,
+                    }
+                )
+            out[pool.name] = {
+                "engine": pool.engine,
+                "source": pool.source,
+                "ready": any(e["state"] == "ready" for e in endpoints),
+                "endpoints": endpoints,
+            }
+        return out

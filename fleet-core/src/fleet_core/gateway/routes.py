@@ -1,0 +1,125 @@
+"""The gateway's HTTP edge: decode, one service call, encode. No routing or metering logic here."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from fleet_core.errors import InvalidRequest, PayloadTooLarge
+from fleet_core.gateway.responses import ClientGone, StreamResponse, until_disconnect
+from fleet_core.gateway.router import Router
+from fleet_core.gateway.service import GatewayService
+from fleet_core.gateway.wire import Kind, parse_request
+from fleet_core.metering.records import RingSink
+
+__all__ = ["gateway_routes"]
+
+_JSON = "application/json"
+_DRAIN_FACTOR = 4
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(value), status, media_type=_JSON)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or 413 once it is known to exceed ``limit``.
+
+    An oversized body is still read (and dropped) up to ``_DRAIN_FACTOR`` times the limit before
+    answering: closing a socket with unread data makes the kernel send RST, and the client would
+    see a reset instead of the 413 that explains it.
+    """
+    declared = request.headers.get("content-length")
+    too_big = bool(declared and declared.isdigit() and int(declared) > limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            too_big = True
+        if too_big:
+            if size > limit * _DRAIN_FACTOR:
+                break
+            continue
+        chunks.append(chunk)
+    if too_big:
+        shown = declared if declared and declared.isdigit() else f"more than {limit}"
+        raise PayloadTooLarge(
+            f"request body of {shown} bytes exceeds the limit of {limit} (FLEET_MAX_BODY_BYTES)"
+        )
+    return b"".join(chunks)
+
+
+class _Endpoints:
+    def __init__(
+        self, service: GatewayService, router: Router, ring: RingSink, *, max_body: int
+    ) -> None:
+        self.service, self.router, self.ring, self.max_body = service, router, ring, max_body
+
+    def proxy(self, kind: Kind) -> Any:
+        async def endpoint(request: Request) -> Any:
+            received = time.time()
+            parsed = parse_request(kind, await read_body(request, self.max_body))
+            exchange = self.service.begin(
+                parsed, request_id=request.state.request_id, received_at=received
+            )
+            try:
+                opened = await until_disconnect(self.service.open(exchange), request.receive)
+                if parsed.stream and opened.response.status < 400:
+                    return StreamResponse(self.service.stream(exchange))
+                reply = await until_disconnect(self.service.buffered(exchange), request.receive)
+            except ClientGone:
+                return Response(status_code=499)  # nobody is listening; for the access log only
+            return Response(reply.body, reply.status, media_type=reply.content_type)
+
+        return endpoint
+
+    async def models(self, request: Request) -> Response:
+        table = self.router.table
+        data = []
+        for pool in table.pools.values():
+            ready = any(self.router.registry.get(t.url).ready for t in pool.targets)
+            entry = {"object": "model", "created": 0, "owned_by": pool.engine, "ready": ready}
+            data.append({"id": pool.name, **entry})
+            data += [{"id": alias, "root": pool.name, **entry} for alias in pool.aliases]
+        return _json({"object": "list", "data": data})
+
+    async def health(self, request: Request) -> Response:
+        return _json({"status": "ok", "upstreams": self.router.describe()})
+
+    async def healthz(self, request: Request) -> Response:
+        return _json({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        ready = self.router.any_ready()
+        body = {
+            "status": "ready" if ready else "no ready endpoint",
+            "upstreams": self.router.describe(),
+        }
+        return _json(body, 200 if ready else 503)
+
+    async def requests(self, request: Request) -> Response:
+        raw = request.query_params.get("limit", "100")
+        if not raw.isdigit():
+            raise InvalidRequest("limit must be a non-negative integer", param="limit")
+        return _json({"object": "list", "data": self.ring.recent(min(int(raw), 1000))})
+
+
+def gateway_routes(
+    service: GatewayService, router: Router, ring: RingSink, *, max_body: int
+) -> list[BaseRoute]:
+    ep = _Endpoints(service, router, ring, max_body=max_body)
+    return [
+        Route("/v1/chat/completions", ep.proxy("chat"), methods=["POST"]),
+        Route("/v1/completions", ep.proxy("completions"), methods=["POST"]),
+        Route("/v1/embeddings", ep.proxy("embeddings"), methods=["POST"]),
+        Route("/v1/models", ep.models, methods=["GET"]),
+        Route("/health", ep.health, methods=["GET"]),
+        Route("/healthz", ep.healthz, methods=["GET"]),
+        Route("/readyz", ep.readyz, methods=["GET"]),
+        Route("/api/v1/requests", ep.requests, methods=["GET"]),
+    ]

@@ -1,0 +1,214 @@
+"""Serving one OpenAI request: parse, route, open upstream, relay, meter.
+
+The HTTP edge (``routes``) hands the raw body here; this module owns the request's life from the
+routing decision to the usage record, on every path: success, the engine's 4xx, failover
+exhaustion, a broken stream, and a client that went away.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from fleet_core.errors import FleetError, UpstreamError
+from fleet_core.gateway.proxy import Opened, Proxy
+from fleet_core.gateway.relay import StreamMeter, relay_frames
+from fleet_core.gateway.routing.table import Pool, RoutingTable
+from fleet_core.gateway.wire import Kind, ParsedRequest, StreamChunk, prompt_text
+from fleet_core.metering.counting import Counter, load_counter
+from fleet_core.metering.records import EngineUsage, GatewayCount, Outcome, UsageRecord, UsageSink
+
+__all__ = ["PATHS", "Exchange", "GatewayService"]
+
+PATHS: dict[Kind, str] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
+_chunk_decoder = msgspec.json.Decoder(StreamChunk)
+
+
+@dataclass
+class Exchange:
+    """A request in progress: what is known about it so far, for its usage record."""
+
+    request_id: str
+    request: ParsedRequest
+    pool: Pool
+    counter: Counter
+    prompt_tokens: int
+    received_at: float
+    opened: Opened | None = None
+    first_byte_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A buffered answer for the edge to send: status, body, content type."""
+
+    status: int
+    body: bytes
+    content_type: str
+
+
+class GatewayService:
+    def __init__(self, *, table: Callable[[], RoutingTable], proxy: Proxy, sink: UsageSink) -> None:
+        self._table = table
+        self._proxy = proxy
+        self._sink = sink
+        self._counters: dict[str | None, Counter] = {}
+
+    def counter(self, pool: Pool) -> Counter:
+        if pool.tokenizer not in self._counters:
+            self._counters[pool.tokenizer] = load_counter(pool.tokenizer)
+        return self._counters[pool.tokenizer]
+
+    def begin(self, request: ParsedRequest, *, request_id: str, received_at: float) -> Exchange:
+        """Route the request and count its prompt; raises for an unknown model."""
+        pool = self._table().resolve(request.model)
+        counter = self.counter(pool)
+        text, given_ids = prompt_text(request)
+        return Exchange(
+            request_id, request, pool, counter, counter.count(text) + given_ids, received_at
+        )
+
+    async def open(self, exchange: Exchange) -> Opened:
+        table = self._table()
+        request = exchange.request
+
+        def body_for(pool: Pool) -> bytes:
+            return _forward_body(request, pool)
+
+        try:
+            exchange.opened = await self._proxy.open(
+                table.fallback_chain(exchange.pool),
+                PATHS[request.kind],
+                body_for,
+                request_id=exchange.request_id,
+            )
+        except UpstreamError as exc:
+            self.finish(exchange, status=exc.status, outcome="upstream_error")
+            raise
+        return exchange.opened
+
+    async def buffered(self, exchange: Exchange) -> Reply:
+        """Read a whole non-stream (or error) response and meter it."""
+        assert exchange.opened is not None
+        response = exchange.opened.response
+        clean = False
+        try:
+            body = await response.read()
+            clean = True
+        finally:
+            exchange.opened.close(clean=clean)
+            if not clean:
+                self.finish(exchange, status=response.status, outcome="client_disconnected")
+        exchange.first_byte_at = time.time()
+        ctype = response.headers.get("Content-Type", "application/json")
+        if response.status >= 400:
+            self.finish(exchange, status=response.status, outcome="client_error")
+            return _engine_error(response.status, body, ctype)
+        engine, completion = _read_usage(body)
+        self.finish(
+            exchange,
+            status=response.status,
+            outcome="ok",
+            engine=engine,
+            completion_tokens=exchange.counter.count(completion),
+        )
+        return Reply(response.status, body, ctype)
+
+    async def stream(self, exchange: Exchange) -> AsyncIterator[bytes]:
+        """Relay a stream; the usage record is written however it ends."""
+        assert exchange.opened is not None
+        meter = StreamMeter(strip_usage=not exchange.request.wants_usage)
+        outcome: Outcome = "client_disconnected"
+        try:
+            async for frame in relay_frames(exchange.opened.response, meter):
+                if exchange.first_byte_at is None:
+                    exchange.first_byte_at = time.time()
+                yield frame
+            outcome = "upstream_error" if meter.broken else "ok"
+        finally:
+            exchange.opened.close(clean=meter.finished)
+            engine = _engine_usage(meter.usage) if meter.usage else None
+            self.finish(
+                exchange,
+                status=exchange.opened.response.status,
+                outcome=outcome,
+                engine=engine,
+                completion_tokens=exchange.counter.count("".join(meter.text)),
+            )
+
+    def finish(
+        self,
+        exchange: Exchange,
+        *,
+        status: int,
+        outcome: Outcome,
+        engine: EngineUsage | None = None,
+        completion_tokens: int = 0,
+    ) -> None:
+        opened = exchange.opened
+        self._sink.record(
+            UsageRecord(
+                request_id=exchange.request_id,
+                kind=exchange.request.kind,
+                model=exchange.request.model or exchange.pool.name,
+                served_model=opened.pool.name if opened else exchange.pool.name,
+                endpoint=opened.lease.target.url if opened else None,
+                status=status,
+                outcome=outcome,
+                stream=exchange.request.stream,
+                received_at=exchange.received_at,
+                first_byte_at=exchange.first_byte_at,
+                done_at=time.time(),
+                engine=engine,
+                gateway=GatewayCount(
+                    exchange.prompt_tokens, completion_tokens, exchange.counter.method
+                ),
+            )
+        )
+
+
+def _forward_body(request: ParsedRequest, pool: Pool) -> bytes:
+    body: dict[str, Any] = {**request.body, "model": pool.name}
+    if request.stream and not request.wants_usage:
+        options = body.get("stream_options") or {}
+        body["stream_options"] = {**options, "include_usage": True}
+    return msgspec.json.encode(body)
+
+
+def _engine_usage(usage: Any) -> EngineUsage:
+    completion = usage.completion_tokens or 0
+    return EngineUsage(usage.prompt_tokens, completion, usage.cached)
+
+
+def _read_usage(body: bytes) -> tuple[EngineUsage | None, str]:
+    try:
+        chunk = _chunk_decoder.decode(body)
+    except msgspec.DecodeError:
+        return None, ""
+    return (_engine_usage(chunk.usage) if chunk.usage else None), chunk.text()
+
+
+def _engine_error(status: int, body: bytes, ctype: str) -> Reply:
+    """An engine's 4xx is the client's answer, verbatim; a non-JSON one gets an envelope."""
+    try:
+        msgspec.json.decode(body)
+        return Reply(status, body, ctype)
+    except msgspec.DecodeError:
+        pass
+    text = body.decode("utf-8", "replace").strip()[:2000] or f"HTTP {status}"
+    error = UpstreamError(
+        f"the engine answered {status}: {text}", status=status, code="engine_error"
+    )
+    return Reply(status, msgspec.json.encode(error.envelope()), "application/json")
+
+
+def envelope_bytes(error: FleetError) -> bytes:
+    return msgspec.json.encode(error.envelope())

@@ -1,0 +1,219 @@
+"""The parts of OpenAI request and response bodies the gateway reads. Everything else passes.
+
+The gateway forwards the client's JSON as it came (only ``model`` is rewritten, and
+``stream_options`` when it must ask for usage), so these types cover just what routing, admission
+and metering need, and they tolerate every field they do not name. A wrong type in a named field is
+a 400 naming that parameter, decided here and not by the engine.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import msgspec
+
+from fleet_core.errors import InvalidRequest
+
+__all__ = [
+    "ChatRequest",
+    "CompletionRequest",
+    "EmbeddingRequest",
+    "Kind",
+    "ParsedRequest",
+    "StreamChunk",
+    "Usage",
+    "parse_request",
+    "prompt_text",
+]
+
+Kind = Literal["chat", "completions", "embeddings"]
+
+
+class _Part(msgspec.Struct):
+    type: str = "text"
+    text: str | None = None
+
+
+class _Message(msgspec.Struct):
+    role: str
+    content: str | list[_Part] | None = None
+
+
+class _StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+
+
+# One of: a string, a list of strings, a list of token ids, a list of token-id lists.
+PromptValue = str | list[str | int | list[int]]
+
+
+class ChatRequest(msgspec.Struct):
+    messages: list[_Message]
+    model: str | None = None
+    stream: bool | None = None
+    stream_options: _StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+
+
+class CompletionRequest(msgspec.Struct):
+    prompt: PromptValue
+    model: str | None = None
+    stream: bool | None = None
+    stream_options: _StreamOptions | None = None
+    max_tokens: int | None = None
+
+
+class EmbeddingRequest(msgspec.Struct):
+    input: PromptValue
+    model: str | None = None
+
+
+AnyRequest = ChatRequest | CompletionRequest | EmbeddingRequest
+_TYPES: dict[Kind, type[AnyRequest]] = {
+    "chat": ChatRequest,
+    "completions": CompletionRequest,
+    "embeddings": EmbeddingRequest,
+}
+_REQUIRED = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
+_PATH = re.compile(r"`\$\.?([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+class ParsedRequest(msgspec.Struct):
+    kind: Kind
+    body: dict[str, Any]
+    typed: AnyRequest
+
+    @property
+    def model(self) -> str | None:
+        return self.typed.model
+
+    @property
+    def stream(self) -> bool:
+        return bool(getattr(self.typed, "stream", False))
+
+    @property
+    def wants_usage(self) -> bool:
+        options = getattr(self.typed, "stream_options", None)
+        return bool(options and options.include_usage)
+
+    @property
+    def max_tokens(self) -> int | None:
+        typed = self.typed
+        if isinstance(typed, ChatRequest):
+            return typed.max_completion_tokens or typed.max_tokens
+        return getattr(typed, "max_tokens", None)
+
+
+def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
+    """Decode a request body; any client mistake becomes a 400 naming the parameter."""
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+        ) from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    if _REQUIRED[kind] not in body:
+        field = _REQUIRED[kind]
+        raise InvalidRequest(
+            f"Missing required parameter: '{field}'.",
+            param=field,
+            code="missing_required_parameter",
+        )
+    try:
+        typed = msgspec.convert(body, _TYPES[kind])
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(
+            f"Invalid request: {exc}", param=_param(str(exc)), code="invalid_type"
+        ) from exc
+    _check_values(typed)
+    return ParsedRequest(kind, body, typed)
+
+
+def _param(message: str) -> str | None:
+    missing = _MISSING.search(message)
+    path = _PATH.search(message)
+    base = path.group(1) if path else ""
+    if missing:
+        return f"{base}.{missing.group(1)}" if base else missing.group(1)
+    return base or None
+
+
+def _check_values(typed: AnyRequest) -> None:
+    if isinstance(typed, ChatRequest) and not typed.messages:
+        raise InvalidRequest("'messages' must contain at least one message.", param="messages")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = getattr(typed, name, None)
+        if value is not None and value < 1:
+            raise InvalidRequest(f"'{name}' must be at least 1.", param=name)
+
+
+def prompt_text(request: ParsedRequest) -> tuple[str, int]:
+    """The text the gateway forwards for counting, plus tokens given directly as ids."""
+    typed = request.typed
+    if isinstance(typed, ChatRequest):
+        parts = []
+        for message in typed.messages:
+            if isinstance(message.content, str):
+                parts.append(message.content)
+            elif message.content:
+                parts.extend(p.text for p in message.content if p.text)
+        return "\n".join(parts), 0
+    value = typed.prompt if isinstance(typed, CompletionRequest) else typed.input
+    return _flatten(value)
+
+
+def _flatten(value: PromptValue) -> tuple[str, int]:
+    if isinstance(value, str):
+        return value, 0
+    texts = [v for v in value if isinstance(v, str)]
+    ids = sum(1 if isinstance(v, int) else len(v) for v in value if not isinstance(v, str))
+    return "\n".join(texts), ids
+
+
+class PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    prompt_tokens_details: PromptDetails | None = None
+
+    @property
+    def cached(self) -> int:
+        details = self.prompt_tokens_details
+        return (details.cached_tokens or 0) if details else 0
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+
+
+class _ChunkChoice(msgspec.Struct):
+    delta: _Delta | None = None
+    text: str | None = None
+    message: _Delta | None = None
+
+
+class StreamChunk(msgspec.Struct):
+    """A streamed frame, or a whole non-stream response: the choices' text and the usage."""
+
+    choices: list[_ChunkChoice] = []
+    usage: Usage | None = None
+
+    def text(self) -> str:
+        out = []
+        for choice in self.choices:
+            for part in (choice.delta, choice.message):
+                if part is not None:
+                    out.append((part.reasoning_content or "") + (part.content or ""))
+            if choice.text:
+                out.append(choice.text)
+        return "".join(out)

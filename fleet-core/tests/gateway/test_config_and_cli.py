@@ -1,0 +1,230 @@
+"""fleet.yaml validation, the CLI's refusals, --demo, token counting, and draining on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from fleet_core.errors import ConfigError
+from fleet_core.gateway.config import load_config
+from fleet_core.metering.counting import ESTIMATE, load_counter
+
+from .conftest import GatewayFactory, StubFactory
+from .test_openai_sdk import records_of
+
+GOOD = """
+listen: "127.0.0.1:8080"
+default_model: qwen
+upstreams:
+  - id: qwen-7b
+    model: Qwen/Qwen2.5-7B-Instruct
+    aliases: [qwen]
+    engine: vllm
+    endpoints: [http://127.0.0.1:8001, http://127.0.0.1:8002]
+    slots: 64
+    fallbacks: [llama-3b]
+  - id: llama-3b
+    model: llama-3b
+    engine: llamacpp
+    base_url: http://127.0.0.1:8003
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_good_file_loads(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD))
+    assert config.upstreams[0].urls() == ("http://127.0.0.1:8001", "http://127.0.0.1:8002")
+    assert config.upstreams[1].urls() == ("http://127.0.0.1:8003",)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (("slots: 64", "slots: 0"), "upstreams[0].slots"),
+        (("slots: 64", "slot: 64"), "unknown field `slot`"),
+        (("engine: vllm", "engine: tgi"), "upstreams[0].engine"),
+        (("fallbacks: [llama-3b]", "fallbacks: [nope]"), "fallbacks names 'nope'"),
+        (("default_model: qwen", "default_model: gpt"), "default_model 'gpt'"),
+        (("    base_url: http://127.0.0.1:8003", ""), "needs endpoints"),
+        (("http://127.0.0.1:8001", "ftp://x"), "not an http(s) URL"),
+        (("id: llama-3b", "id: qwen-7b"), "id is used twice"),
+        (("aliases: [qwen]", "aliases: [llama-3b]"), "alias 'llama-3b'"),
+        (("listen:", "listen: [1, 2]\nx:"), "$.listen"),
+    ],
+)
+def test_a_bad_file_is_one_line_naming_the_key(
+    tmp_path: Path, change: tuple[str, str], expected: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, GOOD.replace(*change)))
+    message = str(info.value)
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_broken_yaml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "upstreams: [\n"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fleet_core.gateway", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def test_cli_refuses_a_bad_config_with_one_line(tmp_path: Path) -> None:
+    result = run_cli("--config", str(write(tmp_path, GOOD.replace("slots: 64", "slots: -1"))))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("fleet-gateway: ")
+    assert "slots" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ((), {}, "no upstreams"),
+        (("--demo", "--listen", "nowhere"), {}, "not HOST:PORT"),
+        (("--demo",), {"FLEET_MAX_BODY_BYTES": "lots"}, "FLEET_MAX_BODY_BYTES"),
+        (("--demo",), {"FLEET_LOG_FORMAT": "xml"}, "FLEET_LOG_FORMAT"),
+    ],
+)
+def test_cli_refuses_what_cannot_work(
+    args: tuple[str, ...], env: dict[str, str], expected: str
+) -> None:
+    result = run_cli(*args, env=env)
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until_up(url: str, proc: subprocess.Popen[str]) -> None:
+    for _ in range(100):
+        if proc.poll() is not None:
+            raise AssertionError(f"gateway exited: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            if httpx.get(url + "/healthz").status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise AssertionError("gateway did not come up")
+
+
+def test_demo_serves_and_sigterm_drains_an_open_stream() -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet_core.gateway", "--demo", "--listen", f"127.0.0.1:{port}"],
+        env={**os.environ, "FLEET_LOG_FORMAT": "json", "FLEET_DEMO_TOKEN_DELAY_MS": "30"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until_up(url, proc)
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+            reply = client.chat.completions.create(
+                model="demo", messages=[{"role": "user", "content": "hi"}]
+            )
+            assert reply.choices[0].message.content
+            stream = client.chat.completions.create(
+                model="demo", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+            first = next(iter(stream))
+            proc.send_signal(signal.SIGTERM)
+            rest = list(stream)
+        assert first.choices[0].delta.role == "assistant"
+        assert rest[-1].choices[0].finish_reason == "stop"  # finished, not cut
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None
+    with proc.stderr:
+        output = proc.stderr.read()
+    lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    access = [line for line in lines if line["logger"] == "fleet.access"]
+    assert access
+    assert all(len(line["request_id"]) == 32 for line in access)
+    assert any("stopped" in line["msg"] for line in lines)
+
+
+def test_estimate_and_tokenizer_counting(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    counter = load_counter(str(path))
+    assert counter.method == "tokenizer:tokenizer.json"
+    assert counter.count("hello world hello again") == 4
+    estimate = load_counter(None)
+    assert estimate.method == ESTIMATE
+    assert estimate.count("12345678") == 2
+    assert estimate.count("123456789") == 3
+
+
+async def test_a_pool_with_a_tokenizer_counts_with_it(
+    tmp_path: Path, start_stub: StubFactory, start_gateway: GatewayFactory
+) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # the stub: one word, one token
+    tok.save(str(tmp_path / "tokenizer.json"))
+    engine = await start_stub(model="m")
+    gw = await start_gateway(
+        {
+            "upstreams": [
+                {
+                    "id": "a",
+                    "model": "m",
+                    "base_url": engine.url,
+                    "tokenizer": str(tmp_path / "tokenizer.json"),
+                }
+            ]
+        }
+    )
+    async with httpx.AsyncClient() as http:
+        await http.post(
+            f"{gw.url}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "one two three cached"}]},
+        )
+    [record] = await records_of(gw.url)
+    assert record["gateway"] == {
+        "promptTokens": 4,
+        "completionTokens": record["engine"]["completionTokens"],
+        "method": "tokenizer:tokenizer.json",
+    }
+    assert record["engine"]["cachedTokens"] == 2  # kept apart from the fresh ones
