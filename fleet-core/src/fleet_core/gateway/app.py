@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -21,7 +20,6 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet_core.errors import FleetError, MethodNotAllowed, NotFound
 from fleet_core.gateway.discovery import poll_endpoints
@@ -31,14 +29,13 @@ from fleet_core.gateway.router import Router
 from fleet_core.gateway.routes import gateway_routes
 from fleet_core.gateway.routing.endpoints import EndpointRegistry
 from fleet_core.gateway.service import GatewayService
-from fleet_core.logs import RequestIdMiddleware
+from fleet_core.logs import RequestContextMiddleware
 from fleet_core.metering.records import RingSink
 from fleet_core.settings import GatewaySettings
 
 __all__ = ["GatewayResources", "create_gateway_app", "open_resources"]
 
 log = logging.getLogger("fleet.gateway")
-access_log = logging.getLogger("fleet.access")
 
 
 @dataclass
@@ -88,43 +85,6 @@ async def _on_crash(request: Request, exc: Exception) -> Response:
     return _render(FleetError("the gateway hit an internal error; it has been logged"))
 
 
-class AccessLog:
-    """One structured line per request: method, path, status, duration (no headers, no body)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start, status = time.perf_counter(), 0
-
-        async def capture(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, capture)
-        finally:
-            ms = round((time.perf_counter() - start) * 1000, 2)
-            access_log.info(
-                "%s %s %s %.2fms",
-                scope["method"],
-                scope["path"],
-                status,
-                ms,
-                extra={
-                    "method": scope["method"],
-                    "path": scope["path"],
-                    "status": status,
-                    "duration_ms": ms,
-                },
-            )
-
-
 def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -> Starlette:
     config = settings.config
     registry = EndpointRegistry(eject_after=config.health.eject_after)
@@ -160,9 +120,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    middleware = [Middleware(RequestIdMiddleware)]
-    if settings.log.access:
-        middleware.append(Middleware(AccessLog))
+    middleware = [Middleware(RequestContextMiddleware, access_log=settings.log.access)]
     app = Starlette(
         routes=gateway_routes(service, router, resources.ring, max_body=settings.max_body_bytes),
         middleware=middleware,

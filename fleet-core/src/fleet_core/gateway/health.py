@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from fleet_core.gateway.routing.endpoints import EndpointRegistry, EndpointState
+from fleet_core.gateway.routing.endpoints import EndpointRegistry
 from fleet_core.gateway.routing.table import RoutingTable, Target
 
 __all__ = ["HealthChecker", "health_path"]
@@ -50,12 +50,8 @@ class HealthChecker:
                 reason = "health check passed" if ok else f"health check answered {response.status}"
         except (aiohttp.ClientError, TimeoutError) as exc:
             ok, reason = False, f"health check failed: {type(exc).__name__}"
-        self._apply(state, ok, reason)
-
-    def _apply(self, state: EndpointState, ok: bool, reason: str) -> None:
         if ok:
             state.consecutive_failures = 0
-        state.checked_at = asyncio.get_running_loop().time()
         state.mark(ok, reason)
 
     async def check_all(self, table: RoutingTable) -> None:

@@ -32,7 +32,6 @@ class StreamMeter:
     strip_usage: bool
     text: list[str] = field(default_factory=list)
     usage: Usage | None = None
-    frames: int = 0
     broken: str | None = None
     finished: bool = False
 
@@ -83,7 +82,6 @@ async def relay_frames(
                 frame, buffer = buffer[: end + 2], buffer[end + 2 :]
                 out = meter.take(frame)
                 if out is not None:
-                    meter.frames += 1
                     ready.append(out)
             if ready:  # every complete frame that arrived goes out now, in one write
                 yield b"".join(ready)

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from fleet_core.errors import FleetError, UpstreamError
+from fleet_core.errors import UpstreamError
 from fleet_core.gateway.proxy import Opened, Proxy
 from fleet_core.gateway.relay import StreamMeter, relay_frames
 from fleet_core.gateway.routing.table import Pool, RoutingTable
@@ -39,6 +39,8 @@ class Exchange:
     request_id: str
     request: ParsedRequest
     pool: Pool
+    chain: list[Pool]  # the pool and its fallbacks, from the one table this request saw
+    chain: list[Pool]  # the pool and its fallbacks, from the one table this request saw
     counter: Counter
     prompt_tokens: int
     received_at: float
@@ -69,15 +71,15 @@ class GatewayService:
 
     def begin(self, request: ParsedRequest, *, request_id: str, received_at: float) -> Exchange:
         """Route the request and count its prompt; raises for an unknown model."""
-        pool = self._table().resolve(request.model)
+        table = self._table()
+        pool = table.resolve(request.model)
         counter = self.counter(pool)
         text, given_ids = prompt_text(request)
-        return Exchange(
-            request_id, request, pool, counter, counter.count(text) + given_ids, received_at
-        )
+        prompt_tokens = counter.count(text) + given_ids
+        chain = table.fallback_chain(pool)
+        return Exchange(request_id, request, pool, chain, counter, prompt_tokens, received_at)
 
     async def open(self, exchange: Exchange) -> Opened:
-        table = self._table()
         request = exchange.request
 
         def body_for(pool: Pool) -> bytes:
@@ -85,7 +87,7 @@ class GatewayService:
 
         try:
             exchange.opened = await self._proxy.open(
-                table.fallback_chain(exchange.pool),
+                exchange.chain,
                 PATHS[request.kind],
                 body_for,
                 request_id=exchange.request_id,
@@ -208,7 +210,3 @@ def _engine_error(status: int, body: bytes, ctype: str) -> Reply:
         f"the engine answered {status}: {text}", status=status, code="engine_error"
     )
     return Reply(status, msgspec.json.encode(error.envelope()), "application/json")
-
-
-def envelope_bytes(error: FleetError) -> bytes:
-    return msgspec.json.encode(error.envelope())

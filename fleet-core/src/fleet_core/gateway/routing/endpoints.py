@@ -30,7 +30,6 @@ class EndpointState:
     ready: bool = True
     reason: str = "not checked yet"
     consecutive_failures: int = 0
-    checked_at: float | None = None
 
     def mark(self, ready: bool, reason: str) -> None:
         if ready != self.ready:
