@@ -40,7 +40,6 @@ class Exchange:
     request: ParsedRequest
     pool: Pool
     chain: list[Pool]  # the pool and its fallbacks, from the one table this request saw
-    chain: list[Pool]  # the pool and its fallbacks, from the one table this request saw
     counter: Counter
     prompt_tokens: int
     received_at: float
