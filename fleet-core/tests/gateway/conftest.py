@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import openai
 import pytest
 from starlette.applications import Starlette
 
@@ -21,9 +22,17 @@ from fleet_core.stub_engine import StubSettings, create_app, running_app
 class Served:
     url: str
     app: Starlette
+    stack: contextlib.AsyncExitStack | None = None
 
     def stats(self) -> Any:
         return self.app.state.stats
+
+    def client(self) -> openai.AsyncOpenAI:
+        """An SDK client for this server, closed with the test however the test ends."""
+        assert self.stack is not None
+        client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
+        self.stack.push_async_callback(client.close)
+        return client
 
 
 StubFactory = Callable[..., Awaitable[Served]]
@@ -63,6 +72,6 @@ def start_gateway(stack: contextlib.AsyncExitStack) -> GatewayFactory:
         resources = await stack.enter_async_context(open_resources(full))
         app = create_gateway_app(full, resources)
         url = await stack.enter_async_context(running_app(app))
-        return Served(url, app)
+        return Served(url, app, stack)
 
     return start

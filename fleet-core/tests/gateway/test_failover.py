@@ -69,13 +69,12 @@ async def test_failover_skips_a_dead_endpoint_and_a_503(
             ]
         }
     )
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+    client = gw.client()
     for _ in range(24):  # ties are random: 24 draws try the 503 one with certainty ~1 - 6e-8
         reply = await client.chat.completions.create(model="m", messages=MSG)
         assert reply.choices[0].message.content
     assert all(r["endpoint"] == good.url for r in await records_of(gw.url))
     assert broken.state.hits >= 1  # it really was tried, then skipped
-    await client.close()
 
 
 async def test_fallback_pool_is_tried_when_a_pool_is_exhausted(
@@ -90,10 +89,9 @@ async def test_fallback_pool_is_tried_when_a_pool_is_exhausted(
             ]
         }
     )
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+    client = gw.client()
     reply = await client.chat.completions.create(model="big", messages=MSG)
     assert reply.model == "small"
-    await client.close()
 
 
 async def test_every_endpoint_failing_is_one_upstream_error(
@@ -161,7 +159,7 @@ async def test_a_mid_stream_break_ends_with_an_error_frame(
         }
     )
     # route deterministically: keep the spare busy-free but prove no retry happens mid-stream
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+    client = gw.client()
     outcomes = []
     for _ in range(6):
         pieces: list[str] = []
@@ -179,7 +177,6 @@ async def test_a_mid_stream_break_ends_with_an_error_frame(
     assert broken
     assert all(r["endpoint"] == engine.url for r in broken)
     assert spare.stats().requests_started == outcomes.count("complete")
-    await client.close()
 
 
 async def test_client_disconnect_cancels_the_engine(

@@ -36,7 +36,7 @@ async def test_chat_completion_through_an_alias(
     start_stub: StubFactory, start_gateway: GatewayFactory
 ) -> None:
     engine, gw = await gateway_with_stub(start_stub, start_gateway)
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused")
+    client = gw.client()
     reply = await client.chat.completions.create(
         model="qwen", messages=[{"role": "user", "content": "say something nice"}]
     )
@@ -49,7 +49,6 @@ async def test_chat_completion_through_an_alias(
     assert record["gateway"]["method"] == "estimate:chars/4"
     assert record["gateway"]["completionTokens"] > 0
     assert record["endpoint"] == engine.url
-    await client.close()
 
 
 async def records_of(url: str) -> list[dict[str, Any]]:
@@ -65,7 +64,7 @@ async def test_completions_and_embeddings(
     start_stub: StubFactory, start_gateway: GatewayFactory
 ) -> None:
     _, gw = await gateway_with_stub(start_stub, start_gateway)
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused")
+    client = gw.client()
     completion = await client.completions.create(model="qwen", prompt="once upon a", max_tokens=3)
     assert completion.choices[0].finish_reason == "length"
     assert completion.usage is not None
@@ -77,7 +76,6 @@ async def test_completions_and_embeddings(
     emb = next(r for r in records if r["kind"] == "embeddings")
     assert emb["gateway"]["completionTokens"] == 0
     assert emb["engine"]["completionTokens"] == 0
-    await client.close()
 
 
 async def test_sync_client_in_a_thread(
@@ -105,7 +103,7 @@ async def test_stream_usage_only_when_asked(
     start_stub: StubFactory, start_gateway: GatewayFactory
 ) -> None:
     _, gw = await gateway_with_stub(start_stub, start_gateway)
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused")
+    client = gw.client()
     messages = [{"role": "user", "content": "tell me"}]
     asked = [
         c
@@ -127,31 +125,28 @@ async def test_stream_usage_only_when_asked(
     # the gateway asked the engine for usage anyway and kept it for the record
     records = await records_of(gw.url)
     assert all(r["engine"] is not None for r in records)
-    await client.close()
 
 
 async def test_unknown_model_is_not_found(
     start_stub: StubFactory, start_gateway: GatewayFactory
 ) -> None:
     _, gw = await gateway_with_stub(start_stub, start_gateway)
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused")
+    client = gw.client()
     with pytest.raises(openai.NotFoundError) as info:
         await client.chat.completions.create(
             model="gpt-7", messages=[{"role": "user", "content": "x"}]
         )
     assert info.value.code == "model_not_found"
     assert "127.0.0.1" not in str(info.value)  # nothing about the backends leaks
-    await client.close()
 
 
 async def test_models_lists_names_and_aliases(
     start_stub: StubFactory, start_gateway: GatewayFactory
 ) -> None:
     _, gw = await gateway_with_stub(start_stub, start_gateway)
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused")
+    client = gw.client()
     models = {m.id: m for m in (await client.models.list()).data}
     assert set(models) == {"Qwen/Qwen2.5-7B-Instruct", "qwen"}
     assert models["qwen"].owned_by == "vllm"
     assert models["qwen"].model_extra
     assert models["qwen"].model_extra["ready"] is True
-    await client.close()

@@ -9,7 +9,6 @@ from typing import Any
 
 import httpx
 import msgspec
-import openai
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -54,13 +53,12 @@ async def test_load_spreads_across_endpoints(
     gw = await start_gateway(
         {"upstreams": [{"id": "x", "model": "m", "endpoints": [a.url, b.url]}]}
     )
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x")
+    client = gw.client()
     await asyncio.gather(
         *(client.chat.completions.create(model="m", messages=MSG, max_tokens=3) for _ in range(10))
     )
     assert a.stats().requests_started + b.stats().requests_started == 10
     assert min(a.stats().requests_started, b.stats().requests_started) >= 3
-    await client.close()
 
 
 async def test_slots_queue_then_refuse_with_retry_after(
@@ -95,7 +93,7 @@ async def test_a_queued_request_is_served_when_a_slot_frees(
             "upstreams": [{"id": "x", "model": "m", "base_url": engine.url, "slots": 1}],
         }
     )
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+    client = gw.client()
     seen: list[int] = []
 
     async def watch() -> None:
@@ -111,7 +109,6 @@ async def test_a_queued_request_is_served_when_a_slot_frees(
     assert len(replies) == 3
     assert max(seen) == 1
     await eventually(lambda: engine.stats().requests_finished == 3)
-    await client.close()
 
 
 async def test_health_marks_down_and_readmits(
@@ -207,7 +204,7 @@ async def test_discovery_adds_an_endpoint_while_a_stream_is_in_flight(
     control.router.routes.append(Route("/api/v1/endpoints", endpoints))
     cp_url = await serve_app(control)
     gw = await start_gateway({"upstreams": []}, control_plane_url=cp_url, discovery_interval_s=0.1)
-    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+    client = gw.client()
     for _ in range(50):
         if (await client.models.list()).data:
             break
@@ -225,7 +222,6 @@ async def test_discovery_adds_an_endpoint_while_a_stream_is_in_flight(
     records = await records_of(gw.url)
     assert records[-1]["outcome"] == "ok"
     assert control.state.polls > 3
-    await client.close()
 
 
 @pytest.mark.parametrize("profile", ["vllm", "llamacpp"])
