@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-
 from bench import gateway_bench
 
 
 def main() -> None:
-    sections = [gateway_bench.run()]
-    gateway_bench.write_report(sections)
+    gateway_bench.write_report([gateway_bench.report(gateway_bench.run())])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

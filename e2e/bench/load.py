@@ -1,6 +1,7 @@
 """A closed-loop load generator in its own process: N workers, fixed duration, latencies.
 
-Usage: python -m bench.load URL CONCURRENCY SECONDS stream|plain  → one JSON line on stdout.
+Usage: python -m bench.load URL CONCURRENCY SECONDS plain|stream|first  -> one JSON line on stdout.
+``plain`` and ``stream`` time whole responses; ``first`` times a stream's first SSE frame.
 """
 
 from __future__ import annotations
@@ -23,21 +24,25 @@ BODY = {
 async def worker(
     session: aiohttp.ClientSession,
     url: str,
-    stream: bool,
+    mode: str,
     until: float,
     latencies: list[float],
     errors: list[int],
 ) -> None:
-    body = json.dumps({**BODY, "stream": stream}).encode()
+    body = json.dumps({**BODY, "stream": mode != "plain"}).encode()
     headers = {"content-type": "application/json"}
     while time.perf_counter() < until:
         start = time.perf_counter()
         async with session.post(url, data=body, headers=headers) as resp:
+            first = start
+            if mode == "first":
+                await resp.content.readuntil(b"\n\n")
+                first = time.perf_counter()
             await resp.read()
             if resp.status != 200:
                 errors.append(resp.status)
                 continue
-        latencies.append(time.perf_counter() - start)
+        latencies.append((first if mode == "first" else time.perf_counter()) - start)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -45,19 +50,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def main(base: str, concurrency: int, seconds: float, stream: bool) -> dict[str, float]:
+async def main(base: str, concurrency: int, seconds: float, mode: str) -> dict[str, float]:
     url = base + "/v1/chat/completions"
     latencies: list[float] = []
     errors: list[int] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         warm_until = time.perf_counter() + min(1.0, seconds / 4)
         await asyncio.gather(
-            *(worker(session, url, stream, warm_until, [], []) for _ in range(concurrency))
+            *(worker(session, url, mode, warm_until, [], []) for _ in range(concurrency))
         )
         start = time.perf_counter()
         until = start + seconds
         await asyncio.gather(
-            *(worker(session, url, stream, until, latencies, errors) for _ in range(concurrency))
+            *(worker(session, url, mode, until, latencies, errors) for _ in range(concurrency))
         )
         elapsed = time.perf_counter() - start
     return {
@@ -71,4 +76,4 @@ async def main(base: str, concurrency: int, seconds: float, stream: bool) -> dic
 
 if __name__ == "__main__":
     url, conc, secs, mode = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-    print(json.dumps(uvloop.run(main(url, conc, secs, mode == "stream"))))
+    print(json.dumps(uvloop.run(main(url, conc, secs, mode))))

@@ -222,3 +222,69 @@ async def test_non_stream_disconnect_cancels_the_engine_too(
             await call
     await eventually(lambda: engine.stats().requests_cancelled == 1)
     assert engine.stats().requests_finished == 0
+    [record] = await records_of(gw.url)  # the request left while waiting for the engine's answer
+    assert record["outcome"] == "client_disconnected"
+    async with httpx.AsyncClient() as http:
+        health = (await http.get(f"{gw.url}/health")).json()
+    assert health["upstreams"]["m"]["endpoints"][0]["inFlight"] == 0  # no slot leaked
+
+
+def usage_less_stream_engine() -> Starlette:
+    """An engine like llama-cpp-python's server: it ignores stream_options and sends no usage."""
+    app = Starlette()
+
+    async def chat(request: Request) -> Response:
+        frames = [
+            b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n',
+            b'data: {"choices":[{"index":0,"delta":{"content":"twelve chars"}}]}\n\n',
+            b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
+            b"data: [DONE]\n\n",
+        ]
+        return Response(b"".join(frames), media_type="text/event-stream")
+
+    async def health(request: Request) -> Response:
+        return Response(b"")
+
+    app.router.routes.append(Route("/v1/chat/completions", chat, methods=["POST"]))
+    app.router.routes.append(Route("/health", health))
+    return app
+
+
+async def test_a_stream_without_engine_usage_is_still_counted(
+    start_gateway: GatewayFactory, serve_app: Any
+) -> None:
+    url = await serve_app(usage_less_stream_engine())
+    gw = await start_gateway(
+        {"upstreams": [{"id": "a", "model": "m", "engine": "llamacpp", "base_url": url}]}
+    )
+    client = gw.client()
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "sixteen chars!!!"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    ]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "twelve chars"
+    [record] = await records_of(gw.url)
+    assert record["engine"] is None
+    assert record["gateway"] == {
+        "promptTokens": 4,
+        "completionTokens": 3,
+        "method": "estimate:chars/4",
+    }
+
+
+async def test_non_stream_answers_carry_content_length(
+    start_stub: StubFactory, start_gateway: GatewayFactory
+) -> None:
+    engine = await start_stub(model="m")
+    gw = await start_gateway({"upstreams": [{"id": "a", "model": "m", "base_url": engine.url}]})
+    async with httpx.AsyncClient() as http:
+        response = await http.post(
+            f"{gw.url}/v1/chat/completions", json={"model": "m", "messages": MSG}
+        )
+    assert response.headers["content-length"] == str(len(response.content))
+    assert "transfer-encoding" not in response.headers

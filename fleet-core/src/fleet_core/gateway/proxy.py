@@ -108,6 +108,9 @@ class Proxy:
             failures.append(_Failure(target.url, reason))
             log.warning("endpoint %s failed before responding: %s", target.url, reason)
             return None
+        except BaseException:  # cancelled (the client left): the slot must not leak
+            lease.release()
+            raise
         self._registry.record_success(lease.state)
         if response.status >= 500:
             failures.append(

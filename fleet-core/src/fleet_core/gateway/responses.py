@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from starlette.types import Receive, Scope, Send
@@ -48,9 +48,16 @@ async def until_disconnect(work: Awaitable[T], receive: Receive) -> T:
 class StreamResponse:
     """Server-sent events, each frame sent (and so flushed) the moment it is produced."""
 
-    def __init__(self, frames: AsyncIterator[bytes], *, status: int = 200) -> None:
+    def __init__(
+        self,
+        frames: AsyncIterator[bytes],
+        *,
+        status: int = 200,
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
         self.frames = frames
         self.status = status
+        self.on_end = on_end  # runs however the response ends, even if ``frames`` never started
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
@@ -68,6 +75,9 @@ class StreamResponse:
             await until_disconnect(self._pump(send), receive)
         except ClientGone:
             return
+        finally:
+            if self.on_end is not None:
+                self.on_end()
 
     async def _pump(self, send: Send) -> None:
         try:

@@ -67,14 +67,21 @@ class _Endpoints:
             exchange = self.service.begin(
                 parsed, request_id=request.state.request_id, received_at=received
             )
-            try:
-                opened = await until_disconnect(self.service.open(exchange), request.receive)
+
+            async def answer() -> Any:
+                opened = await self.service.open(exchange)
                 if parsed.stream and opened.response.status < 400:
-                    return StreamResponse(self.service.stream(exchange))
-                reply = await until_disconnect(self.service.buffered(exchange), request.receive)
+                    return StreamResponse(
+                        self.service.stream(exchange),
+                        on_end=lambda: self.service.abandon(exchange),
+                    )
+                reply = await self.service.buffered(exchange)
+                return Response(reply.body, reply.status, media_type=reply.content_type)
+
+            try:
+                return await until_disconnect(answer(), request.receive)
             except ClientGone:
                 return Response(status_code=499)  # nobody is listening; for the access log only
-            return Response(reply.body, reply.status, media_type=reply.content_type)
 
         return endpoint
 

@@ -7,6 +7,7 @@ exhaustion, a broken stream, and a client that went away.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class Exchange:
     received_at: float
     opened: Opened | None = None
     first_byte_at: float | None = None
+    recorded: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,9 @@ class GatewayService:
             )
         except UpstreamError as exc:
             self.finish(exchange, status=exc.status, outcome="upstream_error")
+            raise
+        except asyncio.CancelledError:
+            self.finish(exchange, status=499, outcome="client_disconnected")
             raise
         return exchange.opened
 
@@ -145,6 +150,12 @@ class GatewayService:
                 completion_tokens=exchange.counter.count("".join(meter.text)),
             )
 
+    def abandon(self, exchange: Exchange) -> None:
+        """The response ended before the relay could account for it: abort and record."""
+        if exchange.opened is not None and not exchange.recorded:
+            exchange.opened.close(clean=False)
+        self.finish(exchange, status=499, outcome="client_disconnected")
+
     def finish(
         self,
         exchange: Exchange,
@@ -154,6 +165,10 @@ class GatewayService:
         engine: EngineUsage | None = None,
         completion_tokens: int = 0,
     ) -> None:
+        """Write the request's one usage record (later calls for the same request do nothing)."""
+        if exchange.recorded:
+            return
+        exchange.recorded = True
         opened = exchange.opened
         self._sink.record(
             UsageRecord(
