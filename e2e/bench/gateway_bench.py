@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SECONDS = float(os.environ.get("FLEET_BENCH_SECONDS", "5"))
+SECONDS = float(os.environ.get("FLEET_BENCH_SECONDS", "3"))
+ROUNDS = int(os.environ.get("FLEET_BENCH_ROUNDS", "3"))
 SERVERS = ("hypercorn", "uvicorn", "granian")
 FULL = ("sequential", "first frame", "plain c=16", "plain c=64", "stream c=16", "stream c=64")
 SHORT = ("sequential", "plain c=64", "stream c=64")
@@ -112,14 +113,42 @@ def servers() -> Iterator[dict[str, str]]:
         yield urls
 
 
-def run() -> dict[str, dict[str, Cell]]:
-    results: dict[str, dict[str, Cell]] = {}
+Samples = dict[str, dict[str, list[Cell]]]
+
+
+def run() -> Samples:
+    """Every cell of every target, ``ROUNDS`` times, interleaved so that drift on the machine
+    falls on all targets alike; ratios are then taken round by round."""
+    samples: Samples = {}
     with servers() as urls:
-        for name, url in urls.items():
-            cells = FULL if name == "direct" or "hypercorn" in name else SHORT
-            results[name] = {cell: load(url, cell) for cell in cells}
-            print(f"bench: {name} done", file=sys.stderr)
-    return results
+        for round_ in range(ROUNDS):
+            for name, url in urls.items():
+                cells = FULL if name == "direct" or "hypercorn" in name else SHORT
+                for cell in cells:
+                    samples.setdefault(name, {}).setdefault(cell, []).append(load(url, cell))
+            print(f"bench: round {round_ + 1} of {ROUNDS} done", file=sys.stderr)
+    return samples
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def summary(cells: list[Cell]) -> Cell:
+    return {key: median([c[key] for c in cells]) for key in cells[0]}
+
+
+def ratio(samples: Samples, a: str, b: str, cell: str, key: str = "rps") -> float:
+    return median(
+        [x[key] / y[key] for x, y in zip(samples[a][cell], samples[b][cell], strict=True)]
+    )
+
+
+def added(samples: Samples, a: str, b: str, cell: str) -> float:
+    pairs = zip(samples[a][cell], samples[b][cell], strict=True)
+    return median([x["p50_ms"] - y["p50_ms"] for x, y in pairs])
 
 
 def machine() -> str:
@@ -148,54 +177,57 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
-def report(results: dict[str, dict[str, Cell]]) -> list[str]:
+def report(samples: Samples) -> list[str]:
+    medians = {
+        name: {cell: summary(runs) for cell, runs in cells.items()}
+        for name, cells in samples.items()
+    }
     lines = [
         "## Gateway overhead (issue 3)",
         "",
-        "Each cell: requests/s / p50 ms / p99 ms. `sequential` is one client, non-stream;",
-        "`first frame` is one client timing a stream's first SSE frame (time to first token).",
+        f"Each cell: requests/s / p50 ms / p99 ms, the median of {ROUNDS} interleaved rounds.",
+        "`sequential` is one client, non-stream; `first frame` is one client timing a stream's",
+        "first SSE frame (time to first token). Ratios and differences are taken round by round",
+        "(gateway and baseline measured minutes apart at most), then the median is reported.",
         "",
         "| target | " + " | ".join(FULL) + " |",
         "|---|" + "---|" * len(FULL),
     ]
-    lines += [_row(name, cells, FULL) for name, cells in results.items()]
-    direct = results["direct"]
+    lines += [_row(name, cells, FULL) for name, cells in medians.items()]
+    gw, bare = "fleet-gateway (hypercorn)", "bare proxy (hypercorn)"
     lines += ["", "| target (hypercorn, as shipped) | measured | verdict |", "|---|---|---|"]
-    gw, bare = results["fleet-gateway (hypercorn)"], results["bare proxy (hypercorn)"]
     for cell in ("plain c=16", "plain c=64", "stream c=16", "stream c=64"):
-        ratio = gw[cell]["rps"] / bare[cell]["rps"]
-        lines.append(
-            f"| gateway/bare throughput, {cell} >= 70% | {ratio:.0%} | {_verdict(ratio >= 0.7)} |"
-        )
-    added = gw["sequential"]["p50_ms"] - direct["sequential"]["p50_ms"]
-    over_bare = gw["sequential"]["p50_ms"] - bare["sequential"]["p50_ms"]
+        r = ratio(samples, gw, bare, cell)
+        lines.append(f"| gateway/bare throughput, {cell} >= 70% | {r:.0%} | {_verdict(r >= 0.7)} |")
+    seq = added(samples, gw, "direct", "sequential")
+    over_bare = added(samples, gw, bare, "sequential")
     lines.append(
-        f"| added p50, sequential, vs direct <= 1 ms | {added:.2f} ms "
-        f"({over_bare:+.2f} ms vs the bare proxy) | {_verdict(added <= 1)} |"
+        f"| added p50, sequential, vs direct <= 1 ms | {seq:.2f} ms "
+        f"({over_bare:+.2f} ms vs the bare proxy) | {_verdict(seq <= 1)} |"
     )
-    ttft = gw["first frame"]["p50_ms"] - direct["first frame"]["p50_ms"]
+    first = added(samples, gw, "direct", "first frame")
     lines.append(
-        f"| added p50 to the first stream frame (a few ms) | {ttft:.2f} ms | "
-        f"{_verdict(ttft <= 3)} |"
+        f"| added p50 to the first stream frame (a few ms) | {first:.2f} ms | "
+        f"{_verdict(first <= 3)} |"
     )
     lines += [
         "",
-        "Server comparison (same app objects, only the ASGI server differs):",
+        "Server comparison (same app objects; only the ASGI server differs):",
         "",
-        "| server | bare proxy plain c=64 req/s | gateway plain c=64 req/s | ratio | "
-        "bare stream c=64 | gateway stream c=64 | ratio | gateway sequential p50 ms |",
+        "| server | bare plain c=64 req/s | gateway plain c=64 req/s | gateway/bare | "
+        "bare stream c=64 | gateway stream c=64 | gateway/bare | gateway sequential p50 ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for server in SERVERS:
-        b, g = results[f"bare proxy ({server})"], results[f"fleet-gateway ({server})"]
+        b, g = f"bare proxy ({server})", f"fleet-gateway ({server})"
         lines.append(
-            f"| {server} | {b['plain c=64']['rps']:.0f} | {g['plain c=64']['rps']:.0f} | "
-            f"{g['plain c=64']['rps'] / b['plain c=64']['rps']:.0%} | "
-            f"{b['stream c=64']['rps']:.0f} | {g['stream c=64']['rps']:.0f} | "
-            f"{g['stream c=64']['rps'] / b['stream c=64']['rps']:.0%} | "
-            f"{g['sequential']['p50_ms']:.2f} |"
+            f"| {server} | {medians[b]['plain c=64']['rps']:.0f} | "
+            f"{medians[g]['plain c=64']['rps']:.0f} | {ratio(samples, g, b, 'plain c=64'):.0%} | "
+            f"{medians[b]['stream c=64']['rps']:.0f} | {medians[g]['stream c=64']['rps']:.0f} | "
+            f"{ratio(samples, g, b, 'stream c=64'):.0%} | "
+            f"{medians[g]['sequential']['p50_ms']:.2f} |"
         )
-    errors = sum(c["errors"] for r in results.values() for c in r.values())
+    errors = sum(c["errors"] for cells in samples.values() for runs in cells.values() for c in runs)
     lines += ["", f"Non-200 answers during the run: {errors}.", ""]
     return lines
 
