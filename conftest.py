@@ -4,4 +4,5 @@ pytest_plugins = [
     "fleet_testing.fix_postgres",
     "fleet_testing.fix_redis",
     "fleet_testing.fix_proxy",
+    "fleet_testing.fix_redis_process",
 ]

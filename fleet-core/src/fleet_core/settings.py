@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fleet_core.admission.keys import KeyRing, parse_keys
+from fleet_core.admission.policy import RatePolicy, parse_policy
+from fleet_core.admission.service import OnStoreError
 from fleet_core.errors import ConfigError
 from fleet_core.gateway.config import GatewayConfig
 
-__all__ = ["GatewaySettings", "LogSettings", "from_env"]
+__all__ = ["AdmissionSettings", "GatewaySettings", "LogSettings", "admission_from_env", "from_env"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,24 @@ class LogSettings:
     """Root log level (FLEET_LOG_LEVEL)."""
     access: bool = True
     """One line per request with status and duration (FLEET_ACCESS_LOG)."""
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    keys: KeyRing | None = field(default=None, repr=False)
+    """Accepted keys (FLEET_AUTH_REQUIRED=true + FLEET_API_KEYS); None: auth off."""
+    policy: RatePolicy = field(default_factory=RatePolicy)
+    """Tenant and project limits (FLEET_RATE_*), FLEET_DEFAULT_MAX_TOKENS."""
+    redis_url: str | None = field(default=None, repr=False)
+    """Shared limit buckets in Redis (FLEET_REDIS_URL); unset: process memory."""
+    redis_prefix: str = ""
+    """Prefix of every Redis key the gateway writes (FLEET_REDIS_PREFIX)."""
+    on_store_error: OnStoreError = "closed"
+    """Redis down: ``closed`` answers 503, ``open`` serves unlimited (FLEET_RATE_ON_STORE_ERROR)."""
+    metrics_token: str | None = field(default=None, repr=False)
+    """A credential for /metrics besides any valid key (FLEET_METRICS_TOKEN)."""
+    cors_origins: tuple[str, ...] = ()
+    """Origins allowed besides loopback ones (FLEET_CORS_ORIGINS, comma-separated)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +61,7 @@ class GatewaySettings:
     requests_ring: int = 1000
     """How many recent usage records GET /api/v1/requests keeps in memory."""
     log: LogSettings = field(default_factory=LogSettings)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -71,6 +93,32 @@ def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str,
     return raw
 
 
+def admission_from_env(env: Mapping[str, str]) -> AdmissionSettings:
+    required = _choice(env, "FLEET_AUTH_REQUIRED", "false", ("true", "false")) == "true"
+    keys = parse_keys(env.get("FLEET_API_KEYS", ""))
+    if required and not keys:
+        raise ConfigError(
+            "FLEET_AUTH_REQUIRED=true but FLEET_API_KEYS is empty: "
+            "set FLEET_API_KEYS='tenant/project/keyid;...'"
+        )
+    if keys and not required:
+        raise ConfigError(
+            "FLEET_API_KEYS is set but FLEET_AUTH_REQUIRED is not true, so the keys would "
+            "protect nothing: set FLEET_AUTH_REQUIRED=true (or unset FLEET_API_KEYS)"
+        )
+    on_error = _choice(env, "FLEET_RATE_ON_STORE_ERROR", "closed", ("closed", "open"))
+    origins = tuple(o.strip() for o in env.get("FLEET_CORS_ORIGINS", "").split(",") if o.strip())
+    return AdmissionSettings(
+        keys=KeyRing(keys) if required else None,
+        policy=parse_policy(env),
+        redis_url=env.get("FLEET_REDIS_URL") or None,
+        redis_prefix=env.get("FLEET_REDIS_PREFIX", ""),
+        on_store_error="open" if on_error == "open" else "closed",
+        metrics_token=env.get("FLEET_METRICS_TOKEN") or None,
+        cors_origins=origins,
+    )
+
+
 def from_env(env: Mapping[str, str], config: GatewayConfig) -> GatewaySettings:
     """Settings from ``env`` (FLEET_* variables) on top of a loaded fleet.yaml."""
     return GatewaySettings(
@@ -83,4 +131,5 @@ def from_env(env: Mapping[str, str], config: GatewayConfig) -> GatewaySettings:
             level=_choice(env, "FLEET_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),
             access=_choice(env, "FLEET_ACCESS_LOG", "true", ("true", "false")) == "true",
         ),
+        admission=admission_from_env(env),
     )

@@ -18,9 +18,13 @@ import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
+from fleet_core.admission.limits import LimitStore
+from fleet_core.admission.service import Admission
+from fleet_core.admission.store import MemoryStore, open_redis_store
 from fleet_core.errors import FleetError, MethodNotAllowed, NotFound
 from fleet_core.gateway.discovery import poll_endpoints
 from fleet_core.gateway.health import HealthChecker
@@ -30,18 +34,22 @@ from fleet_core.gateway.routes import gateway_routes
 from fleet_core.gateway.routing.endpoints import EndpointRegistry
 from fleet_core.gateway.service import GatewayService
 from fleet_core.logs import RequestContextMiddleware
+from fleet_core.metering.metrics import GatewayMetrics
 from fleet_core.metering.records import RingSink
 from fleet_core.settings import GatewaySettings
 
 __all__ = ["GatewayResources", "create_gateway_app", "open_resources"]
 
 log = logging.getLogger("fleet.gateway")
+LOOPBACK_ORIGINS = r"^https?://(127\.0\.0\.1|localhost|\[::1\])(:[0-9]+)?$"
+"""Browsers on this machine (the console) are allowed by default; FLEET_CORS_ORIGINS adds more."""
 
 
 @dataclass
 class GatewayResources:
     session: aiohttp.ClientSession
     ring: RingSink
+    limits: LimitStore
 
 
 @contextlib.asynccontextmanager
@@ -51,10 +59,15 @@ async def open_resources(settings: GatewaySettings) -> AsyncIterator[GatewayReso
     timeout = aiohttp.ClientTimeout(
         total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
     )
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, auto_decompress=False
-    ) as session:
-        yield GatewayResources(session=session, ring=RingSink(settings.requests_ring))
+    redis_url = settings.admission.redis_url
+    limits: LimitStore = await open_redis_store(redis_url) if redis_url else MemoryStore()
+    try:
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False
+        ) as session:
+            yield GatewayResources(session, RingSink(settings.requests_ring), limits)
+    finally:
+        await limits.aclose()
 
 
 def _render(error: FleetError) -> Response:
@@ -90,7 +103,22 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     registry = EndpointRegistry(eject_after=config.health.eject_after)
     router = Router(config, registry)
     proxy = Proxy(resources.session, registry, queue_timeout=config.queue_timeout_s)
-    service = GatewayService(table=router.current, proxy=proxy, sink=resources.ring)
+    metrics = GatewayMetrics(endpoints=router.readiness)
+    admission = Admission(
+        keys=settings.admission.keys,
+        policy=settings.admission.policy,
+        store=resources.limits,
+        metrics=metrics,
+        prefix=settings.admission.redis_prefix,
+        on_store_error=settings.admission.on_store_error,
+    )
+    service = GatewayService(
+        table=router.current,
+        proxy=proxy,
+        sink=resources.ring,
+        admission=admission,
+        metrics=metrics,
+    )
     checker = HealthChecker(
         resources.session,
         registry,
@@ -119,10 +147,31 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await admission.drain()
 
-    middleware = [Middleware(RequestContextMiddleware, access_log=settings.log.access)]
+    middleware = [
+        Middleware(RequestContextMiddleware, access_log=settings.log.access),
+        Middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.admission.cors_origins),
+            allow_origin_regex=LOOPBACK_ORIGINS,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],
+            expose_headers=["X-Request-Id", "Retry-After"],
+            max_age=600,
+        ),
+    ]
+    routes = gateway_routes(
+        service,
+        router,
+        resources.ring,
+        admission=admission,
+        metrics=metrics,
+        metrics_token=settings.admission.metrics_token,
+        max_body=settings.max_body_bytes,
+    )
     app = Starlette(
-        routes=gateway_routes(service, router, resources.ring, max_body=settings.max_body_bytes),
+        routes=routes,
         middleware=middleware,
         exception_handlers={
             FleetError: _on_fleet_error,

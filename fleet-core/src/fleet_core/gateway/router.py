@@ -35,6 +35,14 @@ class Router:
             self.registry.get(t.url).ready for p in self.table.pools.values() for t in p.targets
         )
 
+    def readiness(self) -> list[tuple[str, str, bool]]:
+        """(model, endpoint, ready) for every endpoint, for the readiness gauge."""
+        return [
+            (p.name, t.url, self.registry.get(t.url).ready)
+            for p in self.table.pools.values()
+            for t in p.targets
+        ]
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for pool in self.table.pools.values():

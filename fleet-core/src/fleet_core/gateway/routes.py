@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import time
 from typing import Any
 
@@ -10,11 +11,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from fleet_core.admission.keys import Principal
+from fleet_core.admission.service import Admission
 from fleet_core.errors import InvalidRequest, PayloadTooLarge
 from fleet_core.gateway.responses import ClientGone, StreamResponse, until_disconnect
 from fleet_core.gateway.router import Router
 from fleet_core.gateway.service import GatewayService
 from fleet_core.gateway.wire import Kind, parse_request
+from fleet_core.metering.metrics import GatewayMetrics
 from fleet_core.metering.records import RingSink
 
 __all__ = ["gateway_routes"]
@@ -56,17 +60,39 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 class _Endpoints:
     def __init__(
-        self, service: GatewayService, router: Router, ring: RingSink, *, max_body: int
+        self,
+        service: GatewayService,
+        router: Router,
+        ring: RingSink,
+        *,
+        admission: Admission,
+        metrics: GatewayMetrics,
+        metrics_token: str | None,
+        max_body: int,
     ) -> None:
         self.service, self.router, self.ring, self.max_body = service, router, ring, max_body
+        self.admission, self.metrics, self.metrics_token = admission, metrics, metrics_token
+
+    def _operator(self, request: Request) -> Principal | None:
+        """Who may read fleet-wide data: None for the metrics token (everything), else a key."""
+        authorization = request.headers.get("authorization", "")
+        token = authorization.partition(" ")[2].strip()
+        if self.metrics_token and hmac.compare_digest(token.encode(), self.metrics_token.encode()):
+            return None
+        return self.admission.authenticate(authorization)
 
     def proxy(self, kind: Kind) -> Any:
         async def endpoint(request: Request) -> Any:
             received = time.time()
+            principal = self.admission.authenticate(request.headers.get("authorization"))
             parsed = parse_request(kind, await read_body(request, self.max_body))
             exchange = self.service.begin(
-                parsed, request_id=request.state.request_id, received_at=received
+                parsed,
+                principal=principal,
+                request_id=request.state.request_id,
+                received_at=received,
             )
+            await self.service.admit(exchange)
 
             async def answer() -> Any:
                 opened = await self.service.open(exchange)
@@ -86,6 +112,7 @@ class _Endpoints:
         return endpoint
 
     async def models(self, request: Request) -> Response:
+        self.admission.authenticate(request.headers.get("authorization"))
         table = self.router.table
         data = []
         for pool in table.pools.values():
@@ -110,16 +137,42 @@ class _Endpoints:
         return _json(body, 200 if ready else 503)
 
     async def requests(self, request: Request) -> Response:
+        """Recent usage records; a tenant's key sees its own tenant's only."""
+        viewer = self._operator(request) if self.admission.auth_required else None
         raw = request.query_params.get("limit", "100")
         if not raw.isdigit():
             raise InvalidRequest("limit must be a non-negative integer", param="limit")
-        return _json({"object": "list", "data": self.ring.recent(min(int(raw), 1000))})
+        records = self.ring.recent(1000)
+        if viewer is not None:
+            records = [r for r in records if r.tenant == viewer.tenant]
+        return _json({"object": "list", "data": records[: min(int(raw), 1000)]})
+
+    async def prometheus(self, request: Request) -> Response:
+        if self.admission.auth_required:
+            self._operator(request)
+        body, content_type = self.metrics.render(request.headers.get("accept"))
+        return Response(body, headers={"Content-Type": content_type})
 
 
 def gateway_routes(
-    service: GatewayService, router: Router, ring: RingSink, *, max_body: int
+    service: GatewayService,
+    router: Router,
+    ring: RingSink,
+    *,
+    admission: Admission,
+    metrics: GatewayMetrics,
+    metrics_token: str | None,
+    max_body: int,
 ) -> list[BaseRoute]:
-    ep = _Endpoints(service, router, ring, max_body=max_body)
+    ep = _Endpoints(
+        service,
+        router,
+        ring,
+        admission=admission,
+        metrics=metrics,
+        metrics_token=metrics_token,
+        max_body=max_body,
+    )
     return [
         Route("/v1/chat/completions", ep.proxy("chat"), methods=["POST"]),
         Route("/v1/completions", ep.proxy("completions"), methods=["POST"]),
@@ -129,4 +182,5 @@ def gateway_routes(
         Route("/healthz", ep.healthz, methods=["GET"]),
         Route("/readyz", ep.readyz, methods=["GET"]),
         Route("/api/v1/requests", ep.requests, methods=["GET"]),
+        Route("/metrics", ep.prometheus, methods=["GET"]),
     ]

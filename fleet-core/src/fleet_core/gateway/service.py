@@ -11,10 +11,12 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
+from fleet_core.admission.keys import ANONYMOUS, Principal
+from fleet_core.admission.service import Admission, Reservation
 from fleet_core.errors import UpstreamError
 from fleet_core.gateway.proxy import Opened, Proxy
 from fleet_core.gateway.relay import StreamMeter, relay_frames
@@ -44,6 +46,8 @@ class Exchange:
     counter: Counter
     prompt_tokens: int
     received_at: float
+    principal: Principal = ANONYMOUS
+    reservation: Reservation | None = None
     opened: Opened | None = None
     first_byte_at: float | None = None
     recorded: bool = False
@@ -58,11 +62,29 @@ class Reply:
     content_type: str
 
 
+class RequestMetrics(Protocol):
+    def request_started(self, model: str) -> None: ...
+
+    def request_finished(self, model: str) -> None: ...
+
+    def observe(self, record: UsageRecord) -> None: ...
+
+
 class GatewayService:
-    def __init__(self, *, table: Callable[[], RoutingTable], proxy: Proxy, sink: UsageSink) -> None:
+    def __init__(
+        self,
+        *,
+        table: Callable[[], RoutingTable],
+        proxy: Proxy,
+        sink: UsageSink,
+        admission: Admission,
+        metrics: RequestMetrics,
+    ) -> None:
         self._table = table
         self._proxy = proxy
         self._sink = sink
+        self._admission = admission
+        self._metrics = metrics
         self._counters: dict[str | None, Counter] = {}
 
     def counter(self, pool: Pool) -> Counter:
@@ -70,7 +92,14 @@ class GatewayService:
             self._counters[pool.tokenizer] = load_counter(pool.tokenizer)
         return self._counters[pool.tokenizer]
 
-    def begin(self, request: ParsedRequest, *, request_id: str, received_at: float) -> Exchange:
+    def begin(
+        self,
+        request: ParsedRequest,
+        *,
+        principal: Principal,
+        request_id: str,
+        received_at: float,
+    ) -> Exchange:
         """Route the request and count its prompt; raises for an unknown model."""
         table = self._table()
         pool = table.resolve(request.model)
@@ -78,7 +107,18 @@ class GatewayService:
         text, given_ids = prompt_text(request)
         prompt_tokens = counter.count(text) + given_ids
         chain = table.fallback_chain(pool)
-        return Exchange(request_id, request, pool, chain, counter, prompt_tokens, received_at)
+        return Exchange(
+            request_id, request, pool, chain, counter, prompt_tokens, received_at, principal
+        )
+
+    async def admit(self, exchange: Exchange) -> None:
+        """Reserve the request's worst case (P5); from here on it is in flight."""
+        request = exchange.request
+        tokens = exchange.prompt_tokens
+        if request.kind != "embeddings":
+            tokens += request.max_tokens or self._admission.default_max_tokens
+        exchange.reservation = await self._admission.admit(exchange.principal, tokens)
+        self._metrics.request_started(request.model or exchange.pool.name)
 
     async def open(self, exchange: Exchange) -> Opened:
         request = exchange.request
@@ -165,29 +205,55 @@ class GatewayService:
         engine: EngineUsage | None = None,
         completion_tokens: int = 0,
     ) -> None:
-        """Write the request's one usage record (later calls for the same request do nothing)."""
+        """Write the request's one usage record, settle its reservation, count it."""
         if exchange.recorded:
             return
         exchange.recorded = True
+        record = self._record(
+            exchange,
+            status=status,
+            outcome=outcome,
+            engine=engine,
+            completion_tokens=completion_tokens,
+        )
+        self._sink.record(record)
+        if exchange.reservation is not None:
+            self._metrics.request_finished(record.model)
+            self._metrics.observe(record)
+            nothing_sent = outcome == "upstream_error" and exchange.first_byte_at is None
+            used = 0 if nothing_sent else record.prompt_tokens + record.completion_tokens
+            self._admission.settle(exchange.reservation, used)
+
+    def _record(
+        self,
+        exchange: Exchange,
+        *,
+        status: int,
+        outcome: Outcome,
+        engine: EngineUsage | None,
+        completion_tokens: int,
+    ) -> UsageRecord:
         opened = exchange.opened
-        self._sink.record(
-            UsageRecord(
-                request_id=exchange.request_id,
-                kind=exchange.request.kind,
-                model=exchange.request.model or exchange.pool.name,
-                served_model=opened.pool.name if opened else exchange.pool.name,
-                endpoint=opened.lease.target.url if opened else None,
-                status=status,
-                outcome=outcome,
-                stream=exchange.request.stream,
-                received_at=exchange.received_at,
-                first_byte_at=exchange.first_byte_at,
-                done_at=time.time(),
-                engine=engine,
-                gateway=GatewayCount(
-                    exchange.prompt_tokens, completion_tokens, exchange.counter.method
-                ),
-            )
+        principal = exchange.principal
+        return UsageRecord(
+            request_id=exchange.request_id,
+            kind=exchange.request.kind,
+            model=exchange.request.model or exchange.pool.name,
+            served_model=opened.pool.name if opened else exchange.pool.name,
+            endpoint=opened.lease.target.url if opened else None,
+            status=status,
+            outcome=outcome,
+            stream=exchange.request.stream,
+            received_at=exchange.received_at,
+            first_byte_at=exchange.first_byte_at,
+            done_at=time.time(),
+            engine=engine,
+            gateway=GatewayCount(
+                exchange.prompt_tokens, completion_tokens, exchange.counter.method
+            ),
+            tenant=principal.tenant,
+            project=principal.project,
+            key_id=principal.key_id,
         )
 
 

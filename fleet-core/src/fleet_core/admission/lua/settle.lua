@@ -1,0 +1,53 @@
+-- Settle one request against all its buckets in one round trip (P5): signed corrections.
+--
+-- KEYS[i]      bucket i: a hash {level, ts}; absent means full. All keys share a hash tag.
+-- ARGV[2i-1]   bucket i's capacity (per minute; it refills capacity/60 per second)
+-- ARGV[2i]     the correction for bucket i: positive takes more (the level may go below zero:
+--              an overrun delays whoever comes next), negative refunds (capped at capacity)
+--
+-- Returns nothing. Time is Redis's own (TIME), so every gateway shares one clock.
+--
+-- The helpers repeat fleet_core/admission/buckets.py operation for operation (and admit.lua
+-- repeats them here: a script cannot include another). Change all three together.
+
+local MIN_TTL_S = 120
+
+local function rate(capacity)
+  return capacity / 60
+end
+
+local function refill(level, elapsed, capacity)
+  return math.min(capacity, level + math.max(0, elapsed) * rate(capacity))
+end
+
+local function ttl(level, capacity)
+  if capacity <= 0 then
+    return MIN_TTL_S
+  end
+  return math.max(MIN_TTL_S, 2 * (capacity - level) / rate(capacity))
+end
+
+local function clock()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) + tonumber(time[2]) / 1000000
+end
+
+local function current(key, capacity, now)
+  local state = redis.call('HMGET', key, 'level', 'ts')
+  if not state[1] or not state[2] then
+    return capacity
+  end
+  return refill(tonumber(state[1]), now - tonumber(state[2]), capacity)
+end
+
+local function store(key, level, capacity, now)
+  -- %.17g keeps every bit of a double, so a stored level reads back exactly.
+  redis.call('HSET', key, 'level', string.format('%.17g', level), 'ts', string.format('%.17g', now))
+  redis.call('PEXPIRE', key, string.format('%d', math.ceil(ttl(level, capacity) * 1000)))
+end
+
+local now = clock()
+for i = 1, #KEYS do
+  local capacity, amount = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
+  store(KEYS[i], math.min(capacity, current(KEYS[i], capacity, now) - amount), capacity, now)
+end

@@ -1,0 +1,175 @@
+"""The two places token buckets can live, behind one `LimitStore` interface.
+
+`MemoryStore` keeps buckets in this process: one gateway process, development, tests. `RedisStore`
+keeps them in Redis, so that every gateway process draws on the same buckets; each reserve and each
+settle is one Lua script call (one round trip, atomic across all of a request's buckets), timed by
+Redis's own clock. Both decide with the same arithmetic (`buckets`, which the scripts mirror).
+
+This is the only module that talks to Redis for admission, so it is where Redis's exceptions
+become `StoreUnavailable`; what to do then (admit or refuse) is the policy's business, not ours.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from fleet_core.admission import buckets
+from fleet_core.admission.limits import Charge, Decision, StoreUnavailable
+
+__all__ = ["MemoryStore", "RedisStore", "open_redis_store"]
+
+SWEEP_INTERVAL_S = 60.0
+"""How often `MemoryStore` forgets expired buckets (a scan of all of them)."""
+NEVER_MS = -1
+"""The admit script's retry_ms for an amount that can never fit."""
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    level: float
+    stamp: float
+    """Clock reading when ``level`` was last written."""
+    expires: float
+
+
+class MemoryStore:
+    """Buckets in process memory. Each call runs without awaiting, so asyncio makes it atomic."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._states: dict[str, _State] = {}
+        self._next_sweep = clock() + SWEEP_INTERVAL_S
+
+    def __len__(self) -> int:
+        """Buckets held: those touched within their time to live (and not yet swept)."""
+        return len(self._states)
+
+    async def reserve(self, charges: Sequence[Charge]) -> Decision:
+        merged = _merged(charges)
+        now = self._now()
+        levels = [self._level(charge, now) for charge in merged]
+        refusal = buckets.admit(
+            levels, [charge.amount for charge in merged], [c.bucket.capacity for c in merged]
+        )
+        if refusal is not None:
+            return Decision(False, merged[refusal.index].bucket, refusal.retry_after)
+        for charge, level in zip(merged, levels, strict=True):
+            self._write(charge, level, now)
+        return Decision(True)
+
+    async def settle(self, charges: Sequence[Charge]) -> None:
+        now = self._now()
+        for charge in _merged(charges):
+            self._write(charge, self._level(charge, now), now)
+
+    async def aclose(self) -> None:
+        self._states.clear()
+
+    def _now(self) -> float:
+        now = self._clock()
+        if now >= self._next_sweep:
+            self._states = {key: s for key, s in self._states.items() if s.expires > now}
+            self._next_sweep = now + SWEEP_INTERVAL_S
+        return now
+
+    def _level(self, charge: Charge, now: float) -> float:
+        state, capacity = self._states.get(charge.bucket.key), charge.bucket.capacity
+        if state is None:
+            return float(capacity)
+        return buckets.refill(state.level, now - state.stamp, capacity)
+
+    def _write(self, charge: Charge, level: float, now: float) -> None:
+        capacity = charge.bucket.capacity
+        new = buckets.apply(level, charge.amount, capacity)
+        self._states[charge.bucket.key] = _State(new, now, now + buckets.ttl(new, capacity))
+
+
+class RedisStore:
+    """Buckets in Redis, shared by every gateway process; one script call per reserve or settle.
+
+    The client should fail fast and never retry (see `open_redis_store`): a retried script call
+    could charge twice, and a request must not wait on a dead Redis.
+    """
+
+    def __init__(self, client: Redis) -> None:
+        self._client = client
+        # register_script gives EVALSHA, falling back to loading the script on NOSCRIPT.
+        self._admit = client.register_script(_script_source("admit.lua"))
+        self._settle = client.register_script(_script_source("settle.lua"))
+
+    async def reserve(self, charges: Sequence[Charge]) -> Decision:
+        merged = _merged(charges)
+        if not merged:
+            return Decision(True)
+        reply = await self._run(self._admit, merged)
+        return _decision(reply, merged)
+
+    async def settle(self, charges: Sequence[Charge]) -> None:
+        merged = [charge for charge in _merged(charges) if charge.amount != 0]
+        if merged:
+            await self._run(self._settle, merged)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _run(self, script: AsyncScript, charges: Sequence[Charge]) -> Any:
+        keys = [charge.bucket.key for charge in charges]
+        args = [value for c in charges for value in (c.bucket.capacity, c.amount)]
+        try:
+            return await script(keys=keys, args=args)
+        except (RedisError, OSError) as exc:  # OSError: a socket error redis-py did not wrap
+            raise StoreUnavailable(f"rate-limit store: {exc}") from exc
+
+
+async def open_redis_store(url: str, *, timeout_s: float = 0.5) -> RedisStore:
+    """A `RedisStore` on a client that gives up after ``timeout_s`` and never retries.
+
+    Connections open lazily, so a gateway starts even while Redis is down; each request then
+    meets `StoreUnavailable` within ``timeout_s`` until Redis is back, when the pool reconnects.
+    """
+    client = Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        # No retries of any kind (redis-py's own default retries 10 times with backoff; a timed-out
+        # script may have run, and running it again would charge twice). This also replaces the
+        # deprecated retry_on_timeout=False.
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,  # the pool already drops connections the server has closed
+    )
+    return RedisStore(client)
+
+
+def _merged(charges: Sequence[Charge]) -> list[Charge]:
+    """One charge per key, amounts summed, so a bucket named twice is charged once, in full."""
+    by_key: dict[str, Charge] = {}
+    for charge in charges:
+        seen = by_key.get(charge.bucket.key)
+        amount = charge.amount + (seen.amount if seen else 0)
+        by_key[charge.bucket.key] = Charge(seen.bucket if seen else charge.bucket, amount)
+    return list(by_key.values())
+
+
+def _decision(reply: list[int], charges: Sequence[Charge]) -> Decision:
+    if reply[0] == 1:
+        return Decision(True)
+    _, index, retry_ms = reply
+    retry_after = math.inf if retry_ms == NEVER_MS else retry_ms / 1000
+    return Decision(False, charges[index - 1].bucket, retry_after)
+
+
+def _script_source(name: str) -> str:
+    return (
+        importlib.resources.files("fleet_core.admission").joinpath("lua", name).read_text("utf-8")
+    )

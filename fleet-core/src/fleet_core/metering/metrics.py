@@ -1,0 +1,218 @@
+"""The gateway's Prometheus metrics, in a registry of their own.
+
+Operators need request rates, token volumes, latencies and limiter health per tenant, project and
+model. Every request already ends in one ``UsageRecord``, so the metrics are derived from that
+record rather than from instrumentation scattered through the routes: the numbers on the dashboard
+and the numbers in the ledger then describe the same requests, counted the same way (P6).
+
+Each ``GatewayMetrics`` owns its ``CollectorRegistry`` — never prometheus_client's global one — so
+the resources object holds it like any other dependency, and two apps (or two tests) in one process
+never add into each other's counters (STYLE §2).
+
+Guarantee: no label value ever carries an API key or a key id. ``UsageRecord.key_id`` is never
+used as a label, and every label value taken from a record or a caller passes a check here:
+a value containing the record's key id, or a tenant/project/level/dimension containing ``/`` (keys
+look like ``tenant/project/keyid``; those names never contain ``/``), becomes ``"invalid"``.
+Endpoint URLs lose any userinfo, query and fragment, where credentials could hide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
+from urllib.parse import urlsplit, urlunsplit
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from fleet_core.metering.records import UsageRecord
+
+__all__ = ["LATENCY_BUCKETS", "EndpointStates", "GatewayMetrics"]
+
+EndpointStates = Callable[[], Iterable[tuple[str, str, bool]]]
+"""Returns ``(model, endpoint_url, ready)`` for every known endpoint, called at scrape time."""
+
+_SUB_SECOND = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75)
+_SECONDS = (1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0)
+LATENCY_BUCKETS = _SUB_SECOND + _SECONDS
+"""Seconds. Dense below a second for time to first token, wide enough for long generations."""
+
+INVALID = "invalid"
+ANONYMOUS_TENANT = "anonymous"
+NO_PROJECT = "none"
+
+
+def _no_endpoints() -> Iterable[tuple[str, str, bool]]:
+    return ()
+
+
+class GatewayMetrics:
+    """Counters, gauges and histograms for one gateway, and their exposition."""
+
+    def __init__(self, *, endpoints: EndpointStates = _no_endpoints) -> None:
+        self._registry = CollectorRegistry()
+        registry = self._registry
+        scope = ("tenant", "project", "model")
+        self._requests = Counter(
+            "fleet_requests_total",
+            "Requests finished, by status class (2xx, 4xx, 5xx).",
+            (*scope, "status_class"),
+            registry=registry,
+        )
+        self._tokens = Counter(
+            "fleet_tokens_total",
+            "Tokens used: input_fresh, input_cached, output.",
+            (*scope, "side"),
+            registry=registry,
+        )
+        self._duration = Histogram(
+            "fleet_request_duration_seconds",
+            "Time from receiving a request to its last byte.",
+            ("model",),
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._ttft = Histogram(
+            "fleet_time_to_first_token_seconds",
+            "Time from receiving a streamed request to its first byte.",
+            ("model",),
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._in_flight = Gauge(
+            "fleet_requests_in_flight",
+            "Requests received and not yet finished.",
+            ("model",),
+            registry=registry,
+        )
+        self._refusals = Counter(
+            "fleet_rate_limit_refusals_total",
+            "Requests refused by a rate limit.",
+            ("level", "dimension"),
+            registry=registry,
+        )
+        self._store_errors = Counter(
+            "fleet_rate_limiter_store_errors_total",
+            "Rate limiter store calls that failed or timed out.",
+            registry=registry,
+        )
+        registry.register(_EndpointReadiness(endpoints))
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """This instance's registry, e.g. to add a process collector."""
+        return self._registry
+
+    def observe(self, record: UsageRecord) -> None:
+        """Count one finished request: its status, its tokens and its latencies."""
+        labels = _ScopeLabels.of(record)
+        self._requests.labels(*labels, _status_class(record.status)).inc()
+        for side, amount in _token_sides(record):
+            if amount > 0:
+                self._tokens.labels(*labels, side).inc(amount)
+        self._observe_latency(record, labels.model)
+
+    def _observe_latency(self, record: UsageRecord, model: str) -> None:
+        self._duration.labels(model).observe(_elapsed(record.received_at, record.done_at))
+        if record.stream and record.first_byte_at is not None:
+            self._ttft.labels(model).observe(_elapsed(record.received_at, record.first_byte_at))
+
+    def request_started(self, model: str) -> None:
+        self._in_flight.labels(model).inc()
+
+    def request_finished(self, model: str) -> None:
+        self._in_flight.labels(model).dec()
+
+    def refused(self, *, level: str, dimension: str) -> None:
+        self._refusals.labels(_keyless(level), _keyless(dimension)).inc()
+
+    def store_error(self) -> None:
+        self._store_errors.inc()
+
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        """The exposition and its content type: OpenMetrics if ``accept`` asks, else text 0.0.4."""
+        encode, content_type = choose_encoder(accept or "")
+        return encode(self._registry), content_type
+
+
+class _ScopeLabels(NamedTuple):
+    tenant: str
+    project: str
+    model: str
+
+    @classmethod
+    def of(cls, record: UsageRecord) -> _ScopeLabels:
+        key_id = record.key_id
+        return cls(
+            tenant=_scope_name(record.tenant, default=ANONYMOUS_TENANT, key_id=key_id),
+            project=_scope_name(record.project, default=NO_PROJECT, key_id=key_id),
+            model=_without_key_id(record.model, key_id),
+        )
+
+
+def _scope_name(value: str | None, *, default: str, key_id: str | None) -> str:
+    if value is None:
+        return default
+    return _without_key_id(_keyless(value), key_id)
+
+
+def _keyless(value: str) -> str:
+    """``value``, unless it could be a full key: names never contain ``/``, keys always do."""
+    return INVALID if "/" in value else value
+
+
+def _without_key_id(value: str, key_id: str | None) -> str:
+    return INVALID if key_id and key_id in value else value
+
+
+def _status_class(status: int) -> str:
+    return f"{status // 100}xx" if 100 <= status <= 599 else "other"
+
+
+def _token_sides(record: UsageRecord) -> Iterator[tuple[str, int]]:
+    yield "input_fresh", record.fresh_tokens
+    yield "input_cached", record.cached_tokens
+    if record.kind != "embeddings":  # an embedding produces no tokens, whatever a count says
+        yield "output", record.completion_tokens
+
+
+def _elapsed(start: float, end: float) -> float:
+    # Wall-clock stamps can step backwards; a negative duration would corrupt every bucket.
+    return max(0.0, end - start)
+
+
+class _EndpointReadiness:
+    """``fleet_endpoint_ready{model,endpoint}``: 1 or 0, asked of ``endpoints`` at each scrape."""
+
+    def __init__(self, endpoints: EndpointStates) -> None:
+        self._endpoints = endpoints
+
+    def describe(self) -> Iterable[Metric]:
+        # Lets the registry learn the name without calling ``endpoints`` at registration.
+        return [_readiness_family()]
+
+    def collect(self) -> Iterable[Metric]:
+        states = {(model, _public_url(url)): ready for model, url, ready in self._endpoints()}
+        family = _readiness_family()
+        for labels, ready in states.items():
+            family.add_metric(labels, 1.0 if ready else 0.0)
+        return [family]
+
+
+def _readiness_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        "fleet_endpoint_ready",
+        "Whether an engine endpoint is ready to take requests (1) or not (0).",
+        labels=("model", "endpoint"),
+    )
+
+
+def _public_url(url: str) -> str:
+    """``url`` without userinfo, query or fragment, where credentials may be embedded."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return INVALID
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))

@@ -1,0 +1,126 @@
+"""Exactness across processes: two gateways sharing one Redis admit exactly the limit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import redis
+
+from fleet_core.stub_engine import StubSettings, running_stub
+
+from .test_config_and_cli import free_port, wait_until_up
+
+KEY = "acme/research/team-a"
+
+
+@contextlib.contextmanager
+def gateway_process(config: Path, env: dict[str, str]) -> Iterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fleet_core.gateway",
+            "--config",
+            str(config),
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        env={**os.environ, "FLEET_ACCESS_LOG": "false", **env},
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        wait_until_up(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def evalsha_calls(redis_url: str) -> int:
+    stats = redis.Redis.from_url(redis_url).info("commandstats")
+    return sum(
+        int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_evalsha", "cmdstat_eval")
+    )
+
+
+async def test_two_gateways_share_one_limit_exactly(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    async with running_stub(StubSettings(model="m")) as engine:
+        config = tmp_path / "fleet.yaml"
+        config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
+        env = {
+            "FLEET_AUTH_REQUIRED": "true",
+            "FLEET_API_KEYS": KEY,
+            "FLEET_RATE_TENANTS": "acme|rpm=50,tpm=100000",
+            "FLEET_REDIS_URL": redis_url,
+            "FLEET_REDIS_PREFIX": redis_prefix,
+        }
+        with gateway_process(config, env) as one, gateway_process(config, env) as two:
+            limits = httpx.Limits(max_connections=200)
+            async with httpx.AsyncClient(limits=limits, timeout=30) as http:
+
+                async def call(url: str) -> int:
+                    response = await http.post(
+                        f"{url}/v1/chat/completions",
+                        headers={"Authorization": f"Bearer {KEY}"},
+                        json={
+                            "model": "m",
+                            "max_tokens": 5,
+                            "messages": [{"role": "user", "content": "hi"}],
+                        },
+                    )
+                    return response.status_code
+
+                statuses = await asyncio.gather(*(call(one if i % 2 else two) for i in range(200)))
+    assert Counter(statuses) == {200: 50, 429: 150}
+
+
+async def test_one_round_trip_to_admit_and_one_to_settle(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    async with running_stub(StubSettings(model="m")) as engine:
+        config = tmp_path / "fleet.yaml"
+        config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
+        env = {
+            "FLEET_AUTH_REQUIRED": "true",
+            "FLEET_API_KEYS": KEY,
+            "FLEET_RATE_TENANTS": "acme|rpm=1000,tpm=100000",
+            "FLEET_RATE_PROJECTS": "acme/research|rpm=500,tpm=50000",
+            "FLEET_REDIS_URL": redis_url,
+            "FLEET_REDIS_PREFIX": redis_prefix,
+        }
+        with gateway_process(config, env) as url:
+            async with httpx.AsyncClient() as http:
+
+                async def one() -> None:
+                    response = await http.post(
+                        f"{url}/v1/chat/completions",
+                        headers={"Authorization": f"Bearer {KEY}"},
+                        json={
+                            "model": "m",
+                            "max_tokens": 100,
+                            "messages": [{"role": "user", "content": "hi"}],
+                        },
+                    )
+                    assert response.status_code == 200
+                    await asyncio.sleep(0.3)  # let the background settlement land
+
+                await one()  # warm-up: loads the scripts
+                before = evalsha_calls(redis_url)
+                for _ in range(5):
+                    await one()
+                after = evalsha_calls(redis_url)
+    # four buckets (tenant and project, rpm and tpm) in each call; 5 admissions + 5 settlements
+    assert after - before == 10
