@@ -1,12 +1,23 @@
-"""Run every benchmark and write docs/benchmarks.md (``make bench``)."""
+"""Run every benchmark and write docs/benchmarks.md (``make bench``).
+
+``FLEET_BENCH_ONLY=gateway`` or ``=admission`` runs one section.
+"""
 
 from __future__ import annotations
 
-from bench import gateway_bench
+import os
+
+from bench import admission_bench, gateway_bench
 
 
 def main() -> None:
-    gateway_bench.write_report([gateway_bench.report(gateway_bench.run())])
+    only = os.environ.get("FLEET_BENCH_ONLY", "")
+    sections = []
+    if only in ("", "gateway"):
+        sections.append(gateway_bench.report(gateway_bench.run()))
+    if only in ("", "admission"):
+        sections.append(admission_bench.report(admission_bench.run()))
+    gateway_bench.write_report(sections)
 
 
 if __name__ == "__main__":

@@ -51,8 +51,10 @@ def wait_for(url: str, proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def process(args: list[str], health: str) -> Iterator[None]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+def process(args: list[str], health: str, env: dict[str, str] | None = None) -> Iterator[None]:
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**ENV, **(env or {})}
+    )
     try:
         wait_for(health, proc)
         yield
@@ -61,12 +63,21 @@ def process(args: list[str], health: str) -> Iterator[None]:
         proc.wait(timeout=20)
 
 
-def load(url: str, cell: str) -> Cell:
+def load(url: str, cell: str, key: str | None = None) -> Cell:
     mode, _, conc = cell.partition(" c=")
     concurrency = int(conc) if conc else 1
     mode = {"sequential": "plain", "first frame": "first"}.get(mode, mode)
     out = subprocess.run(
-        [sys.executable, "-m", "bench.load", url, str(concurrency), str(SECONDS), mode],
+        [
+            sys.executable,
+            "-m",
+            "bench.load",
+            url,
+            str(concurrency),
+            str(SECONDS),
+            mode,
+            *([key] if key else []),
+        ],
         capture_output=True,
         text=True,
         check=True,

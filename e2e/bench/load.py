@@ -1,6 +1,6 @@
 """A closed-loop load generator in its own process: N workers, fixed duration, latencies.
 
-Usage: python -m bench.load URL CONCURRENCY SECONDS plain|stream|first  -> one JSON line on stdout.
+Usage: python -m bench.load URL CONCURRENCY SECONDS plain|stream|first [KEY] -> one JSON line.
 ``plain`` and ``stream`` time whole responses; ``first`` times a stream's first SSE frame.
 """
 
@@ -28,9 +28,12 @@ async def worker(
     until: float,
     latencies: list[float],
     errors: list[int],
+    key: str | None = None,
 ) -> None:
     body = json.dumps({**BODY, "stream": mode != "plain"}).encode()
     headers = {"content-type": "application/json"}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
     while time.perf_counter() < until:
         start = time.perf_counter()
         async with session.post(url, data=body, headers=headers) as resp:
@@ -50,19 +53,21 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def main(base: str, concurrency: int, seconds: float, mode: str) -> dict[str, float]:
+async def main(
+    base: str, concurrency: int, seconds: float, mode: str, key: str | None = None
+) -> dict[str, float]:
     url = base + "/v1/chat/completions"
     latencies: list[float] = []
     errors: list[int] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         warm_until = time.perf_counter() + min(1.0, seconds / 4)
         await asyncio.gather(
-            *(worker(session, url, mode, warm_until, [], []) for _ in range(concurrency))
+            *(worker(session, url, mode, warm_until, [], [], key) for _ in range(concurrency))
         )
         start = time.perf_counter()
         until = start + seconds
         await asyncio.gather(
-            *(worker(session, url, mode, until, latencies, errors) for _ in range(concurrency))
+            *(worker(session, url, mode, until, latencies, errors, key) for _ in range(concurrency))
         )
         elapsed = time.perf_counter() - start
     return {
@@ -76,4 +81,5 @@ async def main(base: str, concurrency: int, seconds: float, mode: str) -> dict[s
 
 if __name__ == "__main__":
     url, conc, secs, mode = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-    print(json.dumps(uvloop.run(main(url, conc, secs, mode))))
+    key = sys.argv[5] if len(sys.argv) > 5 else None
+    print(json.dumps(uvloop.run(main(url, conc, secs, mode, key))))

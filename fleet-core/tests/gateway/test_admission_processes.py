@@ -122,5 +122,9 @@ async def test_one_round_trip_to_admit_and_one_to_settle(
                 for _ in range(5):
                     await one()
                 after = evalsha_calls(redis_url)
+                await asyncio.gather(*(one() for _ in range(20)))
+                concurrent = evalsha_calls(redis_url)
     # four buckets (tenant and project, rpm and tpm) in each call; 5 admissions + 5 settlements
     assert after - before == 10
+    # 20 at once: admissions in one tick, and settlements close together, share round trips
+    assert 2 <= concurrent - after <= 40

@@ -20,6 +20,7 @@ __all__ = [
     "Level",
     "LimitStore",
     "StoreUnavailable",
+    "hash_tag",
 ]
 
 Level = Literal["tenant", "project"]
@@ -54,6 +55,13 @@ class Decision:
     """When refused: the refusing bucket that needs the longest wait."""
     retry_after: float = 0.0
     """Seconds until ``refused_by`` can hold its charge."""
+
+
+def hash_tag(key: str) -> str:
+    """The ``{...}`` part of a key: keys sharing it live in one Redis Cluster slot."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start : end + 1] if start >= 0 and end > start else key
 
 
 class StoreUnavailable(Exception):

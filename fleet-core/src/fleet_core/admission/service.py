@@ -4,7 +4,8 @@ At admission a request reserves 1 request and its token estimate (prompt tokens 
 counted + ``max_tokens``, or the policy's default when absent) from every bucket that applies, in
 one store call, all or nothing. When the request is over, it is settled to what it really used in
 one more call: the unused part refunded, an overrun charged. Settlement runs in the background so
-it never delays a response; shutdown waits for the ones still running.
+it never delays a response; settlements close together share one store call per tenant, and
+shutdown sends the ones still waiting.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from fleet_core.admission.keys import ANONYMOUS, KeyRing, Principal
-from fleet_core.admission.limits import Charge, Decision, LimitStore, StoreUnavailable
+from fleet_core.admission.limits import (
+    Bucket,
+    Charge,
+    Decision,
+    LimitStore,
+    StoreUnavailable,
+    hash_tag,
+)
 from fleet_core.admission.policy import RatePolicy
 from fleet_core.errors import RateLimited, ReservationTooLarge, Unavailable
 
@@ -24,6 +32,8 @@ __all__ = ["Admission", "AdmissionMetrics", "Reservation"]
 
 log = logging.getLogger("fleet.admission")
 OnStoreError = Literal["closed", "open"]
+SETTLE_WINDOW_S = 0.002
+"""How long a settlement waits for others to share its round trip."""
 
 
 class AdmissionMetrics(Protocol):
@@ -57,7 +67,8 @@ class Admission:
         self._metrics = metrics
         self._prefix = prefix
         self._on_store_error = on_store_error
-        self._settling: set[asyncio.Task[None]] = set()
+        self._pending: dict[Bucket, int] = {}
+        self._flusher: asyncio.Task[None] | None = None
 
     @property
     def auth_required(self) -> bool:
@@ -119,25 +130,46 @@ class Admission:
         ) from exc
 
     def settle(self, reservation: Reservation, used_tokens: int) -> None:
-        """Correct the token buckets to ``used_tokens``, in the background (one store call)."""
+        """Correct the token buckets to ``used_tokens`` (refund or overrun), in the background.
+
+        Corrections that arrive within ``SETTLE_WINDOW_S`` of each other are summed per bucket
+        and sent as one store call per tenant (its buckets share one hash tag): under load many
+        settlements cost one round trip, never more than one each. Settlement is additive, so
+        the sum is the same correction; the only cost is that a refund lands a moment later.
+        """
         delta = used_tokens - reservation.tokens
-        fixes = [
-            Charge(c.bucket, delta) for c in reservation.charges if c.bucket.dimension == "tpm"
-        ]
-        if not fixes or delta == 0:
+        if delta == 0:
             return
-        task = asyncio.get_running_loop().create_task(self._settle(fixes))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        for charge in reservation.charges:
+            if charge.bucket.dimension == "tpm":
+                self._pending[charge.bucket] = self._pending.get(charge.bucket, 0) + delta
+        if self._pending and self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        try:
+            await asyncio.sleep(SETTLE_WINDOW_S)
+        finally:
+            self._flusher = None
+            await self._flush()
+
+    async def _flush(self) -> None:
+        pending, self._pending = self._pending, {}
+        by_tenant: dict[str, list[Charge]] = {}
+        for bucket, amount in pending.items():
+            if amount:
+                by_tenant.setdefault(hash_tag(bucket.key), []).append(Charge(bucket, amount))
+        await asyncio.gather(*(self._settle(charges) for charges in by_tenant.values()))
 
     async def _settle(self, fixes: list[Charge]) -> None:
         try:
             await self._store.settle(fixes)
         except StoreUnavailable as exc:
             self._metrics.store_error()
-            log.warning("could not settle a reservation: %s", exc)
+            log.warning("could not settle reservations: %s", exc)
 
     async def drain(self) -> None:
-        """Wait for settlements still running (at shutdown)."""
-        if self._settling:
-            await asyncio.gather(*self._settling, return_exceptions=True)
+        """Send every settlement still waiting (at shutdown)."""
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self._flush()

@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from fleet_core.admission.limits import LimitStore
 from fleet_core.admission.service import Admission
-from fleet_core.admission.store import MemoryStore, open_redis_store
+from fleet_core.admission.store import BatchingStore, MemoryStore, open_redis_store
 from fleet_core.errors import FleetError, MethodNotAllowed, NotFound
 from fleet_core.gateway.discovery import poll_endpoints
 from fleet_core.gateway.health import HealthChecker
@@ -60,7 +60,9 @@ async def open_resources(settings: GatewaySettings) -> AsyncIterator[GatewayReso
         total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
     )
     redis_url = settings.admission.redis_url
-    limits: LimitStore = await open_redis_store(redis_url) if redis_url else MemoryStore()
+    limits: LimitStore = (
+        BatchingStore(await open_redis_store(redis_url)) if redis_url else MemoryStore()
+    )
     try:
         async with aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False

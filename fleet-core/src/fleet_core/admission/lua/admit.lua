@@ -1,12 +1,18 @@
--- Admit one request against all its buckets, all or nothing, in one round trip (P5).
+-- Admit requests against their buckets, each all or nothing, in one round trip (P5).
 --
--- KEYS[i]      bucket i: a hash {level, ts}; absent means full. All keys share a hash tag.
--- ARGV[2i-1]   bucket i's capacity (per minute; it refills capacity/60 per second)
--- ARGV[2i]     the amount to take from bucket i (positive)
+-- One call carries one or more reservations (the gateway batches the reservations of one tenant
+-- that arrive in the same event-loop tick); they are judged in order, each seeing the levels the
+-- ones before it left, exactly as if they had come one call each.
 --
--- Returns {1} when every bucket held its amount (all were charged), else {0, i, retry_ms}: i is
--- the refusing bucket with the longest wait, retry_ms that wait rounded up (-1: never fits),
--- and nothing was charged. Time is Redis's own (TIME), so every gateway shares one clock.
+-- KEYS[i]           bucket i: a hash {level, ts}; absent means full. All keys share a hash tag.
+-- ARGV[i], i <= #KEYS   bucket i's capacity (per minute; it refills capacity/60 per second)
+-- ARGV[#KEYS + 1]   R, the number of reservations; then for each: n, and n pairs
+--                   (bucket index, amount to take)
+--
+-- Returns three numbers per reservation: {1, 0, 0} when every bucket held its amount (all were
+-- charged), else {0, j, retry_ms}: j is the reservation's refusing pair with the longest wait,
+-- retry_ms that wait rounded up (-1: never fits), and nothing of that reservation was charged.
+-- Time is Redis's own (TIME), so every gateway shares one clock.
 --
 -- The helpers repeat fleet_core/admission/buckets.py operation for operation (and settle.lua
 -- repeats them here: a script cannot include another). Change all three together.
@@ -55,28 +61,47 @@ local function store(key, level, capacity, now)
 end
 
 local now = clock()
-local levels = {}
-local worst, worst_wait = 0, -1
-for i = 1, #KEYS do
-  local capacity, amount = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
-  levels[i] = current(KEYS[i], capacity, now)
-  if levels[i] < amount then
-    local wait = retry_after(levels[i], amount, capacity)
-    if wait > worst_wait then
-      worst, worst_wait = i, wait
+local count = #KEYS
+local capacities, levels, touched = {}, {}, {}
+for i = 1, count do
+  capacities[i] = tonumber(ARGV[i])
+  levels[i] = current(KEYS[i], capacities[i], now)
+end
+
+local out = {}
+local pos = count + 2
+for _ = 1, tonumber(ARGV[count + 1]) do
+  local n = tonumber(ARGV[pos])
+  local worst, worst_wait = 0, -1
+  for j = 1, n do
+    local i, amount = tonumber(ARGV[pos + 2 * j - 1]), tonumber(ARGV[pos + 2 * j])
+    if levels[i] < amount then
+      local wait = retry_after(levels[i], amount, capacities[i])
+      if wait > worst_wait then
+        worst, worst_wait = j, wait
+      end
     end
   end
-end
-
-if worst > 0 then
-  if worst_wait == math.huge then
-    return {0, worst, -1}
+  if worst > 0 then
+    local retry_ms = -1
+    if worst_wait ~= math.huge then
+      retry_ms = math.ceil(worst_wait * 1000)
+    end
+    out[#out + 1], out[#out + 2], out[#out + 3] = 0, worst, retry_ms
+  else
+    for j = 1, n do
+      local i, amount = tonumber(ARGV[pos + 2 * j - 1]), tonumber(ARGV[pos + 2 * j])
+      levels[i] = math.min(capacities[i], levels[i] - amount)
+      touched[i] = true
+    end
+    out[#out + 1], out[#out + 2], out[#out + 3] = 1, 0, 0
   end
-  return {0, worst, math.ceil(worst_wait * 1000)}
+  pos = pos + 1 + 2 * n
 end
 
-for i = 1, #KEYS do
-  local capacity, amount = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
-  store(KEYS[i], math.min(capacity, levels[i] - amount), capacity, now)
+for i = 1, count do
+  if touched[i] then
+    store(KEYS[i], levels[i], capacities[i], now)
+  end
 end
-return {1}
+return out
