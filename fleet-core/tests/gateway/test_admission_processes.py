@@ -87,6 +87,57 @@ async def test_two_gateways_share_one_limit_exactly(
     assert Counter(statuses) == {200: 50, 429: 150}
 
 
+async def test_spend_never_passes_the_token_limit(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    """Reserved up front: 200 concurrent requests cannot together spend past tpm (P5)."""
+    async with running_stub(StubSettings(model="m")) as engine:
+        config = tmp_path / "fleet.yaml"
+        config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
+        env = {
+            "FLEET_AUTH_REQUIRED": "true",
+            "FLEET_API_KEYS": KEY,
+            "FLEET_RATE_TENANTS": "acme|rpm=100000,tpm=240",
+            "FLEET_REDIS_URL": redis_url,
+            "FLEET_REDIS_PREFIX": redis_prefix,
+            "FLEET_METRICS_TOKEN": "ops",
+        }
+        with gateway_process(config, env) as one, gateway_process(config, env) as two:
+            async with httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=200), timeout=30
+            ) as http:
+
+                async def call(url: str) -> int:
+                    response = await http.post(
+                        f"{url}/v1/chat/completions",
+                        headers={"Authorization": f"Bearer {KEY}"},
+                        json={
+                            "model": "m",
+                            "max_tokens": 8,
+                            "messages": [{"role": "user", "content": "hi"}],
+                        },
+                    )
+                    return response.status_code
+
+                started = asyncio.get_running_loop().time()
+                statuses = await asyncio.gather(*(call(one if i % 2 else two) for i in range(200)))
+                elapsed = asyncio.get_running_loop().time() - started
+                records = []
+                for url in (one, two):
+                    got = await http.get(
+                        f"{url}/api/v1/requests?limit=1000", headers={"Authorization": "Bearer ops"}
+                    )
+                    records += got.json()["data"]
+    served = [r for r in records if r["outcome"] == "ok"]
+    assert len(served) == Counter(statuses)[200] > 0
+    spent = sum(r["engine"]["promptTokens"] + r["engine"]["completionTokens"] for r in served)
+    refill = elapsed * 240 / 60
+    overrun = max(
+        r["engine"]["promptTokens"] + r["engine"]["completionTokens"] - (1 + 8) for r in served
+    )
+    assert spent <= 240 + refill + max(overrun, 0)
+
+
 async def test_one_round_trip_to_admit_and_one_to_settle(
     tmp_path: Path, redis_url: str, redis_prefix: str
 ) -> None:

@@ -110,6 +110,13 @@ def test_cli_refuses_a_bad_config_with_one_line(tmp_path: Path) -> None:
         (("--demo", "--listen", "nowhere"), {}, "not HOST:PORT"),
         (("--demo",), {"FLEET_MAX_BODY_BYTES": "lots"}, "FLEET_MAX_BODY_BYTES"),
         (("--demo",), {"FLEET_LOG_FORMAT": "xml"}, "FLEET_LOG_FORMAT"),
+        (("--demo",), {"FLEET_AUTH_REQUIRED": "true"}, "FLEET_API_KEYS is empty"),
+        (("--demo",), {"FLEET_API_KEYS": "a/b/c"}, "FLEET_AUTH_REQUIRED is not true"),
+        (
+            ("--demo",),
+            {"FLEET_RATE_TENANTS": "a|rpm=1", "FLEET_RATE_PROJECTS": "a/b|rpm=2"},
+            "above tenant a's rpm=1",
+        ),
     ],
 )
 def test_cli_refuses_what_cannot_work(
