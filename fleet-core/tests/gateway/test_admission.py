@@ -161,6 +161,29 @@ async def test_settlement_refunds_what_was_not_used(limited: Any) -> None:
     assert (await chat(gw, ACME_A, max_tokens=150)).status_code == 200
 
 
+async def test_a_client_that_leaves_is_settled_on_what_was_relayed(
+    start_stub: StubFactory, start_gateway: GatewayFactory, store_env: dict[str, str]
+) -> None:
+    # 83 reserved (3 prompt + 80); the full reply would use 63, leaving a level of 37, too
+    # little for the next 83. Leaving after two words uses about 5, and the next one fits.
+    engine = await start_stub(model="m", token_delay_ms=50, reply=" ".join(["word"] * 60))
+    admission = admission_from_env({"FLEET_AUTH_REQUIRED": "true", "FLEET_API_KEYS": KEYS,
+                                    "FLEET_RATE_TENANTS": "acme|tpm=100", **store_env})
+    gw = await start_gateway({"upstreams": [{"id": "a", "model": "m", "base_url": engine.url}]},
+                             admission=admission)
+    async with httpx.AsyncClient() as http, http.stream(
+        "POST", f"{gw.url}/v1/chat/completions", headers={"Authorization": f"Bearer {ACME_A}"},
+        json={"model": "m", "messages": MSG, "stream": True, "max_tokens": 80},
+    ) as response:
+        frames = 0
+        async for line in response.aiter_lines():
+            frames += line.startswith("data:")
+            if frames == 3:
+                break
+    await asyncio.sleep(0.5)  # the gateway notices, records and settles
+    assert (await chat(gw, ACME_A, max_tokens=80)).status_code == 200
+
+
 async def test_a_reservation_that_can_never_fit_is_400(limited: Any) -> None:
     gw = await limited(FLEET_RATE_TENANTS="acme|tpm=1000")
     response = await chat(gw, ACME_A, max_tokens=5000)
@@ -286,5 +309,10 @@ async def test_redis_outage_and_recovery(
     ]
     assert errors
     assert errors[0] >= 1
+    async with httpx.AsyncClient() as http:
+        ready = await http.get(f"{gw.url}/readyz")
+    assert ready.status_code == (503 if mode == "closed" else 200)
     own_redis.start()
     assert (await chat(gw, ACME_A)).status_code == 200  # it serves again once Redis is back
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(f"{gw.url}/readyz")).status_code == 200

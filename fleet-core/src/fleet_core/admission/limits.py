@@ -75,5 +75,8 @@ class LimitStore(Protocol):
     async def settle(self, charges: Sequence[Charge]) -> None:
         """Apply signed corrections (refunds capped at capacity); one round trip."""
 
+    async def ping(self) -> bool:
+        """Whether the store answers now (for readiness probes)."""
+
     async def aclose(self) -> None:
         """Release connections."""

@@ -32,6 +32,7 @@ __all__ = ["Admission", "AdmissionMetrics", "Reservation"]
 
 log = logging.getLogger("fleet.admission")
 OnStoreError = Literal["closed", "open"]
+BUCKET_CACHE_SIZE = 10_000
 SETTLE_WINDOW_S = 0.002
 """How long a settlement waits for others to share its round trip."""
 
@@ -67,6 +68,7 @@ class Admission:
         self._metrics = metrics
         self._prefix = prefix
         self._on_store_error = on_store_error
+        self._buckets: dict[Principal, list[Bucket]] = {}
         self._pending: dict[Bucket, int] = {}
         self._flusher: asyncio.Task[None] | None = None
 
@@ -81,13 +83,19 @@ class Admission:
     def authenticate(self, authorization: str | None) -> Principal:
         return ANONYMOUS if self._keys is None else self._keys.authenticate(authorization)
 
+    async def ready(self) -> str | None:
+        """Why admission cannot work right now, or None. Failing open never blocks readiness."""
+        if self._on_store_error == "open" or await self._store.ping():
+            return None
+        return "rate limiter store unavailable (FLEET_RATE_ON_STORE_ERROR=closed)"
+
     def is_valid_key(self, secret: str) -> bool:
         return self._keys is not None and self._keys.lookup(secret) is not None
 
     async def admit(self, principal: Principal, tokens: int) -> Reservation:
         """Reserve or refuse: 429 naming the level and dimension, 400 if it can never fit."""
         charges = []
-        for bucket in self._policy.buckets(principal, prefix=self._prefix):
+        for bucket in self._buckets_of(principal):
             amount = 1 if bucket.dimension == "rpm" else tokens
             if amount > bucket.capacity:
                 raise ReservationTooLarge(
@@ -105,6 +113,15 @@ class Admission:
         if not decision.admitted:
             raise self._refusal(principal, decision)
         return Reservation(principal, tokens, charges)
+
+    def _buckets_of(self, principal: Principal) -> list[Bucket]:
+        """The policy's buckets for a principal, computed once (the policy is immutable)."""
+        found = self._buckets.get(principal)
+        if found is None:
+            if len(self._buckets) >= BUCKET_CACHE_SIZE:
+                self._buckets.clear()
+            found = self._buckets[principal] = self._policy.buckets(principal, prefix=self._prefix)
+        return found
 
     def _refusal(self, principal: Principal, decision: Decision) -> RateLimited:
         refused = decision.refused_by

@@ -74,6 +74,9 @@ class MemoryStore:
         for charge in _merged(charges):
             self._write(charge, self._level(charge, now), now)
 
+    async def ping(self) -> bool:
+        return True
+
     async def aclose(self) -> None:
         self._states.clear()
 
@@ -142,6 +145,12 @@ class RedisStore:
             args = [value for c in merged for value in (c.bucket.capacity, c.amount)]
             await self._run(self._settle, keys, args)
 
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._client.ping())
+        except (RedisError, OSError):
+            return False
+
     async def aclose(self) -> None:
         await self._client.aclose()
 
@@ -198,6 +207,9 @@ class BatchingStore:
 
     async def settle(self, charges: Sequence[Charge]) -> None:
         await self._store.settle(charges)
+
+    async def ping(self) -> bool:
+        return await self._store.ping()
 
     async def aclose(self) -> None:
         await self._store.aclose()

@@ -129,12 +129,12 @@ class _Endpoints:
         return _json({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        ready = self.router.any_ready()
-        body = {
-            "status": "ready" if ready else "no ready endpoint",
-            "upstreams": self.router.describe(),
-        }
-        return _json(body, 200 if ready else 503)
+        """503 while the gateway could not serve: no ready endpoint, or admission down."""
+        problems = [] if self.router.any_ready() else ["no ready endpoint"]
+        if admission_problem := await self.admission.ready():
+            problems.append(admission_problem)
+        body = {"status": "; ".join(problems) or "ready", "upstreams": self.router.describe()}
+        return _json(body, 503 if problems else 200)
 
     async def requests(self, request: Request) -> Response:
         """Recent usage records; a tenant's key sees its own tenant's only."""
