@@ -14,19 +14,21 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
+from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
+from fleet_core.apiserver.app import open_resources as open_apiserver_resources
 from fleet_core.errors import ConfigError
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, UpstreamConfig, load_config, validate
 from fleet_core.logs import setup_logging
 from fleet_core.settings import GatewaySettings, from_env
 
-__all__ = ["gateway_main", "parse_listen", "serve_app"]
+__all__ = ["apiserver_main", "apiserver_settings", "gateway_main", "parse_listen", "serve_app"]
 
 log = logging.getLogger("fleet.main")
 
@@ -124,6 +126,51 @@ def gateway_main(argv: Sequence[str] | None = None) -> None:
     setup_logging(fmt=settings.log.format, level=settings.log.level)
     demo = float(env.get("FLEET_DEMO_TOKEN_DELAY_MS", "0") or 0) if args.demo else None
     _run(_run_gateway(settings, demo=demo, listen=listen))
+
+
+def _apiserver_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="fleet-apiserver", description="Fleet's control plane (/api/v1)."
+    )
+    parser.add_argument("--listen", default="127.0.0.1:8081", help="HOST:PORT (127.0.0.1:8081)")
+    return parser.parse_args(argv)
+
+
+def apiserver_settings(env: Mapping[str, str], listen: str) -> ApiserverSettings:
+    parse_listen(listen)
+    gateway = from_env(env, GatewayConfig())  # the shared FLEET_LOG_* / grace / CORS settings
+    return ApiserverSettings(
+        listen=listen,
+        database_url=env.get("FLEET_DATABASE_URL") or None,
+        shutdown_grace_s=gateway.shutdown_grace_s,
+        cors_origins=gateway.admission.cors_origins,
+        log=gateway.log,
+    )
+
+
+async def _run_apiserver(settings: ApiserverSettings) -> None:
+    stop = _stop_on_signals()
+    async with open_apiserver_resources(settings) as resources:
+        app = create_apiserver_app(settings, resources)
+        mode = "database" if resources.pool is not None else "no database: inventory only"
+        log.info("fleet-apiserver listening on %s (%s)", settings.listen, mode)
+        await serve_app(app, settings.listen, grace_s=settings.shutdown_grace_s, stop=stop)
+    log.info("fleet-apiserver stopped")
+
+
+def apiserver_main(argv: Sequence[str] | None = None) -> None:
+    args = _apiserver_args(argv)
+    try:
+        settings = apiserver_settings(dict(os.environ), args.listen)
+    except ConfigError as exc:
+        print(f"fleet-apiserver: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    setup_logging(fmt=settings.log.format, level=settings.log.level)
+    try:
+        _run(_run_apiserver(settings))
+    except ConfigError as exc:  # found at start: an unreachable or too new database
+        print(f"fleet-apiserver: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _run(main: object) -> None:

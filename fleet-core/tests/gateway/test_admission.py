@@ -167,14 +167,26 @@ async def test_a_client_that_leaves_is_settled_on_what_was_relayed(
     # 83 reserved (3 prompt + 80); the full reply would use 63, leaving a level of 37, too
     # little for the next 83. Leaving after two words uses about 5, and the next one fits.
     engine = await start_stub(model="m", token_delay_ms=50, reply=" ".join(["word"] * 60))
-    admission = admission_from_env({"FLEET_AUTH_REQUIRED": "true", "FLEET_API_KEYS": KEYS,
-                                    "FLEET_RATE_TENANTS": "acme|tpm=100", **store_env})
-    gw = await start_gateway({"upstreams": [{"id": "a", "model": "m", "base_url": engine.url}]},
-                             admission=admission)
-    async with httpx.AsyncClient() as http, http.stream(
-        "POST", f"{gw.url}/v1/chat/completions", headers={"Authorization": f"Bearer {ACME_A}"},
-        json={"model": "m", "messages": MSG, "stream": True, "max_tokens": 80},
-    ) as response:
+    admission = admission_from_env(
+        {
+            "FLEET_AUTH_REQUIRED": "true",
+            "FLEET_API_KEYS": KEYS,
+            "FLEET_RATE_TENANTS": "acme|tpm=100",
+            **store_env,
+        }
+    )
+    gw = await start_gateway(
+        {"upstreams": [{"id": "a", "model": "m", "base_url": engine.url}]}, admission=admission
+    )
+    async with (
+        httpx.AsyncClient() as http,
+        http.stream(
+            "POST",
+            f"{gw.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {ACME_A}"},
+            json={"model": "m", "messages": MSG, "stream": True, "max_tokens": 80},
+        ) as response,
+    ):
         frames = 0
         async for line in response.aiter_lines():
             frames += line.startswith("data:")

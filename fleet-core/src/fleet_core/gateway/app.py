@@ -14,18 +14,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
-import msgspec
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
-from starlette.responses import Response
 
+from fleet_core import web
 from fleet_core.admission.limits import LimitStore
 from fleet_core.admission.service import Admission
 from fleet_core.admission.store import BatchingStore, MemoryStore, open_redis_store
-from fleet_core.errors import FleetError, MethodNotAllowed, NotFound
 from fleet_core.gateway.discovery import poll_endpoints
 from fleet_core.gateway.health import HealthChecker
 from fleet_core.gateway.proxy import Proxy
@@ -33,7 +27,6 @@ from fleet_core.gateway.router import Router
 from fleet_core.gateway.routes import gateway_routes
 from fleet_core.gateway.routing.endpoints import EndpointRegistry
 from fleet_core.gateway.service import GatewayService
-from fleet_core.logs import RequestContextMiddleware
 from fleet_core.metering.metrics import GatewayMetrics
 from fleet_core.metering.records import RingSink
 from fleet_core.settings import GatewaySettings
@@ -41,8 +34,6 @@ from fleet_core.settings import GatewaySettings
 __all__ = ["GatewayResources", "create_gateway_app", "open_resources"]
 
 log = logging.getLogger("fleet.gateway")
-LOOPBACK_ORIGINS = r"^https?://(127\.0\.0\.1|localhost|\[::1\])(:[0-9]+)?$"
-"""Browsers on this machine (the console) are allowed by default; FLEET_CORS_ORIGINS adds more."""
 
 
 @dataclass
@@ -70,34 +61,6 @@ async def open_resources(settings: GatewaySettings) -> AsyncIterator[GatewayReso
             yield GatewayResources(session, RingSink(settings.requests_ring), limits)
     finally:
         await limits.aclose()
-
-
-def _render(error: FleetError) -> Response:
-    return Response(
-        msgspec.json.encode(error.envelope()),
-        error.status,
-        headers=error.headers,
-        media_type="application/json",
-    )
-
-
-async def _on_fleet_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, FleetError)
-    return _render(exc)
-
-
-async def _on_http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    if exc.status_code == 405:
-        return _render(MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}"))
-    if exc.status_code == 404:
-        return _render(NotFound(f"no route for {request.method} {request.url.path}"))
-    return _render(FleetError(str(exc.detail)))
-
-
-async def _on_crash(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error serving %s", request.url.path, exc_info=exc)
-    return _render(FleetError("the gateway hit an internal error; it has been logged"))
 
 
 def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -> Starlette:
@@ -151,18 +114,9 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
             await asyncio.gather(*tasks, return_exceptions=True)
             await admission.drain()
 
-    middleware = [
-        Middleware(RequestContextMiddleware, access_log=settings.log.access),
-        Middleware(
-            CORSMiddleware,
-            allow_origins=list(settings.admission.cors_origins),
-            allow_origin_regex=LOOPBACK_ORIGINS,
-            allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["*"],
-            expose_headers=["X-Request-Id", "Retry-After"],
-            max_age=600,
-        ),
-    ]
+    middleware = web.middleware(
+        access_log=settings.log.access, cors_origins=settings.admission.cors_origins
+    )
     routes = gateway_routes(
         service,
         router,
@@ -175,11 +129,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     app = Starlette(
         routes=routes,
         middleware=middleware,
-        exception_handlers={
-            FleetError: _on_fleet_error,
-            HTTPException: _on_http_error,
-            Exception: _on_crash,
-        },
+        exception_handlers=web.exception_handlers(),
         lifespan=lifespan,
     )
     app.state.router = router

@@ -1,0 +1,1 @@
+"""fleet-apiserver: the control plane's HTTP API (/api/v1)."""

@@ -1,0 +1,134 @@
+"""The control plane's app factory and resources.
+
+With ``FLEET_DATABASE_URL`` the resources hold the psycopg pool (opened, checked and migrated at
+start) and every feature keeps its rows in Postgres. Without one, the control plane still serves
+what needs no database — inventory, endpoints for the gateway, health — and answers the rest with
+503 ``database_required`` naming the variable to set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from psycopg_pool import AsyncConnectionPool
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from fleet_core import web
+from fleet_core.errors import NotFound, Unavailable
+from fleet_core.inventory.routes import inventory_routes
+from fleet_core.inventory.store import InventoryStore, MemoryInventory, PostgresInventory
+from fleet_core.settings import LogSettings
+from fleet_core.storage.db import open_pool
+
+__all__ = ["ApiserverResources", "ApiserverSettings", "create_apiserver_app", "open_resources"]
+
+DATABASE_COLLECTIONS = (
+    "tenants",
+    "projects",
+    "keys",
+    "budget-rules",
+    "usage",
+    "usage-agreement",
+    "model-rates",
+    "cost-rates",
+    "cost-periods",
+    "models",
+)
+
+
+@dataclass(frozen=True)
+class ApiserverSettings:
+    listen: str = "127.0.0.1:8081"
+    """Where to serve (``--listen``)."""
+    database_url: str | None = field(default=None, repr=False)
+    """Postgres (FLEET_DATABASE_URL); unset: inventory and health only."""
+    shutdown_grace_s: float = 30.0
+    """On SIGTERM, how long in-flight requests may take (FLEET_SHUTDOWN_GRACE_S)."""
+    cors_origins: tuple[str, ...] = ()
+    """Origins allowed besides loopback ones (FLEET_CORS_ORIGINS)."""
+    log: LogSettings = field(default_factory=LogSettings)
+
+
+@dataclass
+class ApiserverResources:
+    pool: AsyncConnectionPool | None
+    inventory: InventoryStore
+
+
+@contextlib.asynccontextmanager
+async def open_resources(settings: ApiserverSettings) -> AsyncIterator[ApiserverResources]:
+    if settings.database_url is None:
+        yield ApiserverResources(None, MemoryInventory())
+        return
+    async with open_pool(settings.database_url) as pool:
+        yield ApiserverResources(pool, PostgresInventory(pool))
+
+
+class _Health:
+    def __init__(self, pool: AsyncConnectionPool | None) -> None:
+        self.pool = pool
+
+    async def healthz(self, request: Request) -> Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        database = "not configured"
+        if self.pool is not None:
+            try:
+                async with self.pool.connection(timeout=2) as conn:
+                    await conn.execute("SELECT 1")
+                database = "ok"
+            except Exception as exc:  # any failure means not ready; the reason is shown
+                return web.json_response(
+                    {"status": "database unavailable", "reason": type(exc).__name__}, 503
+                )
+        return web.json_response({"status": "ready", "database": database})
+
+
+async def _database_required(request: Request) -> Response:
+    raise Unavailable(
+        f"{request.url.path} needs a database: set FLEET_DATABASE_URL and restart the "
+        "control plane",
+        code="database_required",
+    )
+
+
+async def _not_found(request: Request) -> Response:
+    raise NotFound(f"no route for {request.method} {request.url.path}")
+
+
+def _routes(resources: ApiserverResources) -> list[BaseRoute]:
+    health = _Health(resources.pool)
+    routes: list[BaseRoute] = [
+        Route("/healthz", health.healthz, methods=["GET"]),
+        Route("/readyz", health.readyz, methods=["GET"]),
+        *inventory_routes(resources.inventory),
+    ]
+    if resources.pool is None:
+        for name in DATABASE_COLLECTIONS:
+            for path in (f"/api/v1/{name}", f"/api/v1/{name}/{{rest:path}}"):
+                routes.append(
+                    Route(
+                        path, _database_required, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
+                    )
+                )
+    return routes
+
+
+def create_apiserver_app(settings: ApiserverSettings, resources: ApiserverResources) -> Starlette:
+    app = Starlette(
+        routes=_routes(resources),
+        middleware=[
+            *web.middleware(access_log=settings.log.access, cors_origins=settings.cors_origins),
+            Middleware(web.TrailingSlashMiddleware),
+        ],
+        exception_handlers=web.exception_handlers(),
+    )
+    app.state.resources = resources
+    return app

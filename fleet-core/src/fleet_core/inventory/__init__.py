@@ -1,0 +1,1 @@
+"""Cluster inventory: the operators' reports (the contract), what they add up to, and endpoints."""

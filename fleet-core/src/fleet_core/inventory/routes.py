@@ -1,0 +1,70 @@
+"""HTTP edge of the inventory: PUT from the operator, GETs for people and for the gateway."""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+import fleet_contract
+from fleet_core import web
+from fleet_core.errors import InvalidRequest, NotFound
+from fleet_core.inventory import service
+from fleet_core.inventory.store import InventoryStore
+
+__all__ = ["inventory_routes"]
+
+_MAX_REPORT_BYTES = 16 * 1024 * 1024
+
+
+class _Inventory:
+    def __init__(self, store: InventoryStore) -> None:
+        self.store = store
+
+    async def put(self, request: Request) -> Response:
+        body = await request.body()
+        if len(body) > _MAX_REPORT_BYTES:
+            raise InvalidRequest(f"an inventory report is limited to {_MAX_REPORT_BYTES} bytes")
+        try:
+            report = fleet_contract.decode_report(body)
+        except fleet_contract.UnsupportedSchemaVersion as exc:
+            raise InvalidRequest(
+                str(exc), param="schemaVersion", code="unsupported_schema_version"
+            ) from exc
+        except fleet_contract.DecodeError as exc:
+            raise InvalidRequest(f"invalid inventory report: {exc}", code="invalid_report") from exc
+        await self.store.save(report)
+        return web.json_response(service.summarize(report))
+
+    async def list(self, request: Request) -> Response:
+        reports = sorted(await self.store.latest(), key=lambda r: r.cluster_id)
+        data = [service.summarize(r) for r in reports]
+        return web.json_response({"object": "list", "data": data})
+
+    async def cluster(self, request: Request) -> Response:
+        cluster_id = request.path_params["cluster_id"]
+        report = await self.store.get(cluster_id)
+        if report is None:
+            raise NotFound(f"no inventory report from cluster {cluster_id!r} yet")
+        return web.json_response({"summary": service.summarize(report), "report": report})
+
+    async def endpoints(self, request: Request) -> Response:
+        document = service.endpoints_document(await self.store.latest())
+        body = msgspec.json.encode(document)
+        tag = service.etag(body)
+        if request.headers.get("if-none-match") == tag:
+            return Response(status_code=304, headers={"ETag": tag})
+        return Response(
+            body, headers={"ETag": tag, "Cache-Control": "no-cache"}, media_type="application/json"
+        )
+
+
+def inventory_routes(store: InventoryStore) -> list[BaseRoute]:
+    ep = _Inventory(store)
+    return [
+        Route("/api/v1/inventory", ep.put, methods=["PUT"]),
+        Route("/api/v1/inventory", ep.list, methods=["GET"]),
+        Route("/api/v1/clusters/{cluster_id}", ep.cluster, methods=["GET"]),
+        Route("/api/v1/endpoints", ep.endpoints, methods=["GET"]),
+    ]

@@ -1,0 +1,87 @@
+"""What inventory reports add up to, recomputed from the node list (a report carries no totals).
+
+Pure functions over contract types: a cluster's summary, the ready endpoints per served model the
+gateway discovers (``GET /api/v1/endpoints``), and that document's ETag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable
+
+import msgspec
+
+from fleet_contract import Endpoint, Engine, InventoryReport
+from fleet_core.gateway import discovery
+
+__all__ = ["ClusterSummary", "endpoints_document", "etag", "summarize", "total_gpus"]
+
+
+class ClusterSummary(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    cluster_id: str
+    observed_at: str
+    reporter_version: str
+    nodes: int
+    ready_nodes: int
+    schedulable_nodes: int
+    gpus: int
+    gpus_on_ready_nodes: int
+    gpus_by_product: dict[str, int]
+    mig_slices: dict[str, int]
+    deployments: int
+    deployments_by_phase: dict[str, int]
+
+
+def total_gpus(report: InventoryReport) -> int:
+    """Whole GPUs present in the cluster, counted from its nodes."""
+    return sum(gpu.count for node in report.nodes for gpu in node.gpus)
+
+
+def summarize(report: InventoryReport) -> ClusterSummary:
+    by_product: Counter[str] = Counter()
+    slices: Counter[str] = Counter()
+    for node in report.nodes:
+        for gpu in node.gpus:
+            by_product[gpu.product] += gpu.count
+            for mig in gpu.mig_slices:
+                slices[mig.profile] += mig.count
+    ready = [n for n in report.nodes if n.ready]
+    return ClusterSummary(
+        cluster_id=report.cluster_id,
+        observed_at=report.observed_at.isoformat(),
+        reporter_version=report.reporter_version,
+        nodes=len(report.nodes),
+        ready_nodes=len(ready),
+        schedulable_nodes=sum(1 for n in report.nodes if n.schedulable),
+        gpus=total_gpus(report),
+        gpus_on_ready_nodes=sum(g.count for n in ready for g in n.gpus),
+        gpus_by_product=dict(by_product),
+        mig_slices=dict(slices),
+        deployments=len(report.deployments),
+        deployments_by_phase=dict(Counter(d.phase for d in report.deployments)),
+    )
+
+
+def endpoints_document(reports: Iterable[InventoryReport]) -> discovery.EndpointsDocument:
+    """Ready pod endpoints per served model, merged across clusters, in a stable order."""
+    merged: dict[str, tuple[Engine, dict[str, bool]]] = {}
+    for report in sorted(reports, key=lambda r: r.cluster_id):
+        for deployment in report.deployments:
+            _, urls = merged.setdefault(deployment.served_model_name, (deployment.engine, {}))
+            for endpoint in deployment.endpoints:
+                if endpoint.ready:
+                    urls[endpoint.url] = True
+    models = tuple(
+        discovery.DiscoveredEndpoints(
+            served_model_name=name,
+            engine=engine,
+            endpoints=tuple(Endpoint(url=u, ready=True) for u in sorted(urls)),
+        )
+        for name, (engine, urls) in sorted(merged.items())
+    )
+    return discovery.EndpointsDocument(models=models)
+
+
+def etag(body: bytes) -> str:
+    return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'

@@ -1,0 +1,37 @@
+"""Fixtures: the control plane served for real over loopback, with or without Postgres."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app, open_resources
+from fleet_core.settings import LogSettings
+from fleet_core.stub_engine import running_app
+
+ApiserverFactory = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def start_apiserver() -> AsyncIterator[ApiserverFactory]:
+    """``await start_apiserver(database_url=None)`` → the base URL of a running control plane."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(**fields: Any) -> str:
+            settings = ApiserverSettings(log=LogSettings(access=False), **fields)
+            resources = await stack.enter_async_context(open_resources(settings))
+            app = create_apiserver_app(settings, resources)
+            return await stack.enter_async_context(running_app(app))
+
+        yield start
+
+
+@pytest.fixture(params=["memory", "postgres"])
+async def api(request: pytest.FixtureRequest, start_apiserver: ApiserverFactory) -> str:
+    """A control plane without a database, then one on a fresh Postgres database."""
+    if request.param == "memory":
+        return await start_apiserver()
+    return await start_apiserver(database_url=request.getfixturevalue("postgres_url"))

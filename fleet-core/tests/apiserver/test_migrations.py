@@ -1,0 +1,53 @@
+"""Schema migrations: applied once, recorded, safe when two replicas start together."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from fleet_core.errors import ConfigError
+from fleet_core.storage.migrations import apply_migrations, available
+
+
+async def test_two_replicas_starting_together_apply_each_migration_once(postgres_url: str) -> None:
+    async def start() -> list[int]:
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+            return await apply_migrations(conn)
+
+    first, second = await asyncio.gather(start(), start())
+    versions = [m.version for m in available()]
+    assert sorted(first + second) == versions  # one of them did it all, the other nothing
+    with psycopg.connect(postgres_url) as conn:
+        recorded = [
+            r[0]
+            for r in conn.execute("SELECT version FROM fleet_schema_migrations ORDER BY version")
+        ]
+    assert recorded == versions
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        assert await apply_migrations(conn) == []
+
+
+async def test_a_database_newer_than_the_code_refuses_to_start(postgres_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        await apply_migrations(conn)
+        await conn.execute("INSERT INTO fleet_schema_migrations (version, name) VALUES (9999, 'x')")
+        with pytest.raises(ConfigError, match=r"\[9999\]"):
+            await apply_migrations(conn)
+
+
+def test_the_cli_refuses_an_unreachable_database_in_one_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "fleet_core.apiserver", "--listen", "127.0.0.1:0"],
+        env={"FLEET_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none", "PATH": "/usr/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("fleet-apiserver: cannot connect to the database")
+    assert result.stderr.count("\n") == 1
