@@ -6,11 +6,11 @@ import hmac
 import time
 from typing import Any
 
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from fleet_core import web
 from fleet_core.admission.keys import Principal
 from fleet_core.admission.service import Admission
 from fleet_core.errors import InvalidRequest, PayloadTooLarge
@@ -23,12 +23,7 @@ from fleet_core.metering.records import RingSink
 
 __all__ = ["gateway_routes"]
 
-_JSON = "application/json"
 _DRAIN_FACTOR = 4
-
-
-def _json(value: Any, status: int = 200) -> Response:
-    return Response(msgspec.json.encode(value), status, media_type=_JSON)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -120,13 +115,13 @@ class _Endpoints:
             entry = {"object": "model", "created": 0, "owned_by": pool.engine, "ready": ready}
             data.append({"id": pool.name, **entry})
             data += [{"id": alias, "root": pool.name, **entry} for alias in pool.aliases]
-        return _json({"object": "list", "data": data})
+        return web.json_response({"object": "list", "data": data})
 
     async def health(self, request: Request) -> Response:
-        return _json({"status": "ok", "upstreams": self.router.describe()})
+        return web.json_response({"status": "ok", "upstreams": self.router.describe()})
 
     async def healthz(self, request: Request) -> Response:
-        return _json({"status": "ok"})
+        return web.json_response({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
         """503 while the gateway could not serve: no ready endpoint, or admission down."""
@@ -134,7 +129,7 @@ class _Endpoints:
         if admission_problem := await self.admission.ready():
             problems.append(admission_problem)
         body = {"status": "; ".join(problems) or "ready", "upstreams": self.router.describe()}
-        return _json(body, 503 if problems else 200)
+        return web.json_response(body, 503 if problems else 200)
 
     async def requests(self, request: Request) -> Response:
         """Recent usage records; a tenant's key sees its own tenant's only."""
@@ -145,7 +140,7 @@ class _Endpoints:
         records = self.ring.recent(1000)
         if viewer is not None:
             records = [r for r in records if r.tenant == viewer.tenant]
-        return _json({"object": "list", "data": records[: min(int(raw), 1000)]})
+        return web.json_response({"object": "list", "data": records[: min(int(raw), 1000)]})
 
     async def prometheus(self, request: Request) -> Response:
         if self.admission.auth_required:
