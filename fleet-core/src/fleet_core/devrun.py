@@ -1,9 +1,11 @@
 """``make dev``: the gateway on 127.0.0.1:8080 with stub engines behind it, nothing to configure.
 
 Three stub engines start as child processes — two replicas of a vLLM-profile model and one
-llama.cpp-profile model — and the gateway runs in the foreground with a generated ``fleet.yaml``
-under ``.dev/``. Ctrl-C (or SIGTERM) stops the gateway, which drains, and then the engines.
-Ports can be moved with FLEET_DEV_PORT (gateway) and FLEET_DEV_ENGINE_PORT (first engine).
+llama.cpp-profile model — and the control plane (``fleet-apiserver``) on 127.0.0.1:8081, using
+FLEET_DATABASE_URL when it is set and serving inventory and health only otherwise. The gateway
+runs in the foreground with a generated ``fleet.yaml`` under ``.dev/``. Ctrl-C (or SIGTERM) stops
+the gateway, which drains, and then the children. Ports can be moved with FLEET_DEV_PORT (gateway),
+FLEET_DEV_ENGINE_PORT (first engine) and FLEET_DEV_API_PORT (control plane).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ upstreams:
     engine: llamacpp
     base_url: http://127.0.0.1:{engine_port + 2}
 """
+
+
+def _start_apiserver(port: int) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{port}"]
+    return subprocess.Popen(args)
 
 
 def _start_engines(first_port: int) -> list[subprocess.Popen[bytes]]:
@@ -93,21 +100,24 @@ def main() -> None:
     config = state / "fleet.yaml"
     config.write_text(_config(gateway_port, engine_port))
     print(
-        f"""make dev: gateway on http://127.0.0.1:{gateway_port}, stub engines on ports \
+        f"""make dev: gateway on http://127.0.0.1:{gateway_port}, control plane on \
+http://127.0.0.1:{os.environ.get("FLEET_DEV_API_PORT", "8081")}, stub engines on ports \
 {engine_port}-{engine_port + 2}. Try:
   curl -s http://127.0.0.1:{gateway_port}/v1/chat/completions -H 'content-type: application/json' \\
     -d '{{"model": "qwen", "messages": [{{"role": "user", "content": "hello"}}]}}'
 """,
         flush=True,
     )
+    api_port = int(os.environ.get("FLEET_DEV_API_PORT", "8081"))
     engines = _start_engines(engine_port)
+    apiserver = _start_apiserver(api_port)
     try:
         _wait_until_healthy(engine_port, engines)
         gateway_main(["--config", str(config)])
     finally:
-        for proc in engines:
+        for proc in (*engines, apiserver):
             proc.terminate()
-        for proc in engines:
+        for proc in (*engines, apiserver):
             proc.wait(timeout=10)
 
 
