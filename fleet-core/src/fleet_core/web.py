@@ -8,8 +8,9 @@ a traceback.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.exceptions import HTTPException
@@ -19,12 +20,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fleet_core.errors import FleetError, MethodNotAllowed, NotFound
+from fleet_core.errors import FleetError, InvalidRequest, MethodNotAllowed, NotFound
 from fleet_core.logs import RequestContextMiddleware
 
 __all__ = [
     "LOOPBACK_ORIGINS",
     "TrailingSlashMiddleware",
+    "decode",
     "exception_handlers",
     "json_response",
     "middleware",
@@ -37,6 +39,10 @@ LOOPBACK_ORIGINS = r"^https?://(127\.0\.0\.1|localhost|\[::1\])(:[0-9]+)?$"
 """Browsers on this machine (the console) are allowed by default; FLEET_CORS_ORIGINS adds more."""
 
 Handler = Callable[[Request, Exception], Coroutine[Any, Any, Response]]
+T = TypeVar("T")
+
+_AT = re.compile(r" - at `\$\.?(.*)`$")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
 
 
 def json_response(
@@ -48,6 +54,25 @@ def json_response(
         headers=dict(headers or {}),
         media_type="application/json",
     )
+
+
+def decode(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
+    """``body`` decoded, or 400 whose ``param`` is the wire path msgspec blamed (``requestLimit``,
+    ``nodes[0].count``), so clients learn which field to fix without parsing the message."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid request body: {exc}", param=_blamed(str(exc))) from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}", code="invalid_json") from exc
+
+
+def _blamed(message: str) -> str | None:
+    at = _AT.search(message)
+    path = at[1] if at else ""
+    if missing := _MISSING.search(message):
+        path = f"{path}.{missing[1]}" if path else missing[1]
+    return path or None
 
 
 def render(error: FleetError) -> Response:

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import msgspec
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -20,11 +21,15 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from fleet_core import web
+from fleet_core.apiserver import openapi
+from fleet_core.budgets.routes import budget_routes
 from fleet_core.errors import NotFound, Unavailable
 from fleet_core.inventory.routes import inventory_routes
 from fleet_core.inventory.store import InventoryStore, MemoryInventory, PostgresInventory
+from fleet_core.keys.routes import keys_routes
 from fleet_core.settings import LogSettings
 from fleet_core.storage.db import open_pool
+from fleet_core.tenants.routes import tenants_routes
 
 __all__ = ["ApiserverResources", "ApiserverSettings", "create_apiserver_app", "open_resources"]
 
@@ -110,6 +115,10 @@ def _routes(resources: ApiserverResources) -> list[BaseRoute]:
         Route("/readyz", health.readyz, methods=["GET"]),
         *inventory_routes(resources.inventory),
     ]
+    if resources.pool is not None:
+        pool = resources.pool
+        routes += tenants_routes(pool) + keys_routes(pool) + budget_routes(pool)
+    routes.append(_openapi_route(routes))
     if resources.pool is None:
         for name in DATABASE_COLLECTIONS:
             for path in (f"/api/v1/{name}", f"/api/v1/{name}/{{rest:path}}"):
@@ -119,6 +128,16 @@ def _routes(resources: ApiserverResources) -> list[BaseRoute]:
                     )
                 )
     return routes
+
+
+def _openapi_route(served: list[BaseRoute]) -> Route:
+    """The document describes what is served; the 503 stand-ins for a missing database are not."""
+    body = msgspec.json.encode(openapi.build_document(served))
+
+    async def document(request: Request) -> Response:
+        return Response(body, media_type="application/json")
+
+    return Route(openapi.OPENAPI_PATH, document, methods=["GET"])
 
 
 def create_apiserver_app(settings: ApiserverSettings, resources: ApiserverResources) -> Starlette:

@@ -1,0 +1,238 @@
+"""The control plane's OpenAPI 3.1 document, built from the routes it actually serves.
+
+The document is derived from the app's ``/api/v1`` routes, each looked up in ``OPERATIONS``: a
+route without a description there stops the app from being built, so the document can neither
+miss a served route nor describe one that is not served (without a database, the tenants, keys
+and budget routes are absent, and so is their description). Schemas come from the wire structs
+through ``msgspec.json.schema_components`` (JSON Schema 2020-12, which OpenAPI 3.1 uses as is).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from starlette.routing import BaseRoute, Route
+
+import fleet_contract
+from fleet_core.budgets import wire as budgets
+from fleet_core.errors import ErrorEnvelope
+from fleet_core.gateway.discovery import EndpointsDocument
+from fleet_core.inventory.service import ClusterSummary
+from fleet_core.keys import wire as keys
+from fleet_core.tenants import wire as tenants
+
+__all__ = ["OPERATIONS", "Operation", "build_document"]
+
+OPENAPI_PATH = "/api/v1/openapi.json"
+_REF = "#/components/schemas/{name}"
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")
+_ERRORS = {
+    400: "Invalid request; error.param names the field",
+    404: "Not found",
+    409: "Conflict",
+    503: "A dependency is unavailable",
+}
+
+
+class ClusterView(msgspec.Struct, frozen=True):
+    """``GET /api/v1/clusters/{cluster_id}``: the summary and the report it was computed from."""
+
+    summary: ClusterSummary
+    report: fleet_contract.InventoryReport
+
+
+@dataclass(frozen=True)
+class Operation:
+    summary: str
+    response: Any = None
+    """The success body's type; ``list[T]`` is rendered as ``{"object": "list", "data": [T]}``."""
+    body: Any = None
+    status: int = 200
+    query: tuple[str, ...] = ()
+    errors: tuple[int, ...] = ()
+
+
+_TENANT = "/api/v1/tenants/{tenant_id}"
+_PROJECT = "/api/v1/projects/{project_id}"
+_RULE = "/api/v1/budget-rules/{rule_id}"
+
+OPERATIONS: dict[tuple[str, str], Operation] = {
+    ("GET", OPENAPI_PATH): Operation("This document", response=dict[str, Any]),
+    ("PUT", "/api/v1/inventory"): Operation(
+        "Report a cluster's inventory (the operator)",
+        body=fleet_contract.InventoryReport,
+        response=ClusterSummary,
+        errors=(400,),
+    ),
+    ("GET", "/api/v1/inventory"): Operation(
+        "The newest report's summary per cluster", response=list[ClusterSummary]
+    ),
+    ("GET", "/api/v1/clusters/{cluster_id}"): Operation(
+        "One cluster's newest report", response=ClusterView, errors=(404,)
+    ),
+    ("GET", "/api/v1/endpoints"): Operation(
+        "Ready endpoints per served model (the gateway; ETag, If-None-Match → 304)",
+        response=EndpointsDocument,
+    ),
+    ("POST", "/api/v1/tenants"): Operation(
+        "Create a tenant",
+        body=tenants.TenantCreate,
+        response=tenants.Tenant,
+        status=201,
+        errors=(400, 409),
+    ),
+    ("GET", "/api/v1/tenants"): Operation("List tenants", response=list[tenants.Tenant]),
+    ("GET", _TENANT): Operation("Read a tenant", response=tenants.Tenant, errors=(404,)),
+    ("PATCH", _TENANT): Operation(
+        "Change a tenant's name, limits or active flag (null clears a limit)",
+        body=tenants.TenantPatch,
+        response=tenants.Tenant,
+        errors=(400, 404),
+    ),
+    ("DELETE", _TENANT): Operation(
+        "Delete a tenant with its projects, keys and rules; 409 once usage was billed",
+        response=tenants.Deleted,
+        errors=(404, 409),
+    ),
+    ("POST", "/api/v1/projects"): Operation(
+        "Create a project (id tenant/name); its limits may not exceed its tenant's",
+        body=tenants.ProjectCreate,
+        response=tenants.Project,
+        status=201,
+        errors=(400, 409),
+    ),
+    ("GET", "/api/v1/projects"): Operation(
+        "List projects", response=list[tenants.Project], query=("tenantId",)
+    ),
+    ("GET", _PROJECT): Operation("Read a project", response=tenants.Project, errors=(404,)),
+    ("PATCH", _PROJECT): Operation(
+        "Change a project's limits or active flag",
+        body=tenants.ProjectPatch,
+        response=tenants.Project,
+        errors=(400, 404),
+    ),
+    ("DELETE", _PROJECT): Operation(
+        "Delete a project with its keys and rules; 409 once usage was billed",
+        response=tenants.Deleted,
+        errors=(404, 409),
+    ),
+    ("POST", "/api/v1/keys"): Operation(
+        "Issue a key: the secret is in this response only",
+        body=keys.KeyCreate,
+        response=keys.IssuedKey,
+        status=201,
+        errors=(400,),
+    ),
+    ("GET", "/api/v1/keys"): Operation(
+        "List keys (never their secrets)", response=list[keys.ApiKey], query=("projectId",)
+    ),
+    ("DELETE", "/api/v1/keys/{key_id}"): Operation(
+        "Revoke a key", response=keys.ApiKey, errors=(404,)
+    ),
+    ("POST", "/api/v1/budget-rules"): Operation(
+        "Create a budget rule",
+        body=budgets.RuleCreate,
+        response=budgets.BudgetRule,
+        status=201,
+        errors=(400,),
+    ),
+    ("GET", "/api/v1/budget-rules"): Operation(
+        "List budget rules", response=list[budgets.BudgetRule]
+    ),
+    ("GET", _RULE): Operation("Read a budget rule", response=budgets.BudgetRule, errors=(404,)),
+    ("DELETE", _RULE): Operation(
+        "Delete a budget rule", response=budgets.BudgetRule, errors=(404,)
+    ),
+}
+
+
+def served(routes: Iterable[BaseRoute]) -> list[tuple[str, str]]:
+    """``(method, OpenAPI path)`` of each ``/api/v1`` route (not HEAD, which Starlette adds)."""
+    found = [("GET", OPENAPI_PATH)]  # the document describes itself
+    for route in routes:
+        if (
+            isinstance(route, Route)
+            and route.path.startswith("/api/v1/")
+            and (route.path != OPENAPI_PATH)
+        ):
+            path = _CONVERTER.sub(r"{\1}", route.path)
+            found += [(method, path) for method in sorted(route.methods or ()) if method != "HEAD"]
+    return found
+
+
+def build_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
+    """The document for ``routes``; KeyError naming a served route ``OPERATIONS`` lacks."""
+    operations = {key: OPERATIONS[key] for key in served(routes)}
+    types = _types(operations.values())
+    schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
+    schema_of = dict(zip(types, schemas, strict=True))
+    paths: dict[str, dict[str, Any]] = {}
+    for (method, path), operation in operations.items():
+        paths.setdefault(path, {})[method.lower()] = _operation(method, path, operation, schema_of)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Fleet control plane", "version": "1"},
+        "paths": paths,
+        "components": {"schemas": components},
+    }
+
+
+def _types(operations: Iterable[Operation]) -> list[Any]:
+    found: list[Any] = [ErrorEnvelope]
+    for operation in operations:
+        for kind in (operation.body, operation.response):
+            if kind is not None and kind not in found:
+                found.append(kind)
+    return found
+
+
+def _operation(
+    method: str, path: str, operation: Operation, schema_of: dict[Any, Any]
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "operationId": _operation_id(method, path),
+        "summary": operation.summary,
+        "parameters": _parameters(path, operation.query),
+        "responses": {
+            str(operation.status): _json("Success", _body(operation.response, schema_of)),
+            **{str(s): _json(_ERRORS[s], schema_of[ErrorEnvelope]) for s in operation.errors},
+        },
+    }
+    if operation.body is not None:
+        doc["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": schema_of[operation.body]}},
+        }
+    return doc
+
+
+def _body(response: Any, schema_of: dict[Any, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = schema_of[response]
+    if schema.get("type") != "array":
+        return schema
+    return {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {"object": {"const": "list"}, "data": schema},
+    }
+
+
+def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _parameters(path: str, query: tuple[str, ...]) -> list[dict[str, Any]]:
+    names = re.findall(r"\{(\w+)\}", path)
+    params = [
+        {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names
+    ]
+    return params + [{"name": q, "in": "query", "schema": {"type": "string"}} for q in query]
+
+
+def _operation_id(method: str, path: str) -> str:
+    words = re.findall(r"[a-z]+", path.removeprefix("/api/v1/"))
+    return "_".join([method.lower(), *words])

@@ -1,0 +1,43 @@
+"""The budget-rules API on the wire."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+__all__ = ["BudgetRule", "Dimension", "RuleCreate", "ScopeKind"]
+
+ScopeKind = Literal["tenant", "project"]
+Dimension = Literal[
+    "tokens_total", "tokens_input", "tokens_output", "tokens_cached", "tokens_fresh", "units"
+]
+Window = Annotated[
+    str,
+    Meta(
+        pattern=r"^[1-9][0-9]{0,9}(s|m|h|d|w|mo)$",
+        description="N + s|m|h|d|w|mo (minutes are m, months mo = 30 days), e.g. 5h, 7d, 1mo",
+    ),
+]
+
+
+class RuleCreate(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    scope_kind: ScopeKind
+    scope_id: Annotated[str, Meta(max_length=129)]
+    dimension: Dimension
+    limit: Annotated[int, Meta(ge=1, le=2**63 - 1)]
+    window: Window
+
+
+class BudgetRule(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    id: str
+    scope_kind: ScopeKind
+    scope_id: str
+    dimension: Dimension
+    limit: int
+    window: str
+    """As the client wrote it."""
+    window_seconds: int
+    created_at: datetime

@@ -1,0 +1,42 @@
+"""HTTP edge of API keys: issue (201, the only response holding the secret), list, revoke."""
+
+from __future__ import annotations
+
+import msgspec
+from psycopg_pool import AsyncConnectionPool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from fleet_core import web
+from fleet_core.keys.service import KeyService
+from fleet_core.keys.wire import KeyCreate
+
+__all__ = ["keys_routes"]
+
+_CREATE = msgspec.json.Decoder(KeyCreate)
+
+
+class _Keys:
+    def __init__(self, service: KeyService) -> None:
+        self.service = service
+
+    async def create(self, request: Request) -> Response:
+        new = web.decode(_CREATE, await request.body())
+        return web.json_response(await self.service.issue(new), 201)
+
+    async def list(self, request: Request) -> Response:
+        keys = await self.service.list(project_id=request.query_params.get("projectId"))
+        return web.json_response({"object": "list", "data": keys})
+
+    async def delete(self, request: Request) -> Response:
+        return web.json_response(await self.service.revoke(request.path_params["key_id"]))
+
+
+def keys_routes(pool: AsyncConnectionPool) -> list[BaseRoute]:
+    keys = _Keys(KeyService.on_pool(pool))
+    return [
+        Route("/api/v1/keys", keys.create, methods=["POST"]),
+        Route("/api/v1/keys", keys.list, methods=["GET"]),
+        Route("/api/v1/keys/{key_id}", keys.delete, methods=["DELETE"]),
+    ]
