@@ -1,0 +1,269 @@
+"""The ledger's SQL: the idempotent batch insert with its per-minute rollup, and read helpers.
+
+A batch is COPYed into a session-local staging table, then moved into ``ledger`` with
+``ON CONFLICT (request_id) DO NOTHING``; the rollup is summed from that insert's ``RETURNING``, so
+a row replayed after an outage (already in the ledger) adds nothing to ``usage_minute`` a second
+time. It all runs in one transaction: the rows and their sums commit together or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import psycopg
+from psycopg.rows import class_row
+
+from fleet_core.metering.records import UsageRecord
+
+__all__ = [
+    "COLUMNS",
+    "LedgerRow",
+    "MinuteRow",
+    "Totals",
+    "count_rows",
+    "get_row",
+    "insert_batch",
+    "ledger_totals",
+    "minutes_for_tenant",
+    "rollup_totals",
+    "row_values",
+    "rows_for_tenant",
+]
+
+Connection = psycopg.AsyncConnection[Any]
+
+# What the writer sends, in COPY order; ``recorded_at`` is the database's own clock.
+COLUMNS = (
+    "request_id",
+    "received_at",
+    "first_byte_at",
+    "done_at",
+    "tenant",
+    "project",
+    "key_id",
+    "model",
+    "served_model",
+    "endpoint",
+    "kind",
+    "status",
+    "outcome",
+    "stream",
+    "engine_prompt_tokens",
+    "engine_completion_tokens",
+    "engine_cached_tokens",
+    "gw_prompt_tokens",
+    "gw_completion_tokens",
+    "count_method",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "fresh_tokens",
+    "units",
+)
+_COLS = ", ".join(COLUMNS)
+
+# Temporary, so per session and invisible to others; emptied at each commit.
+_STAGING = (
+    "CREATE TEMP TABLE IF NOT EXISTS ledger_staging ON COMMIT DELETE ROWS"
+    f" AS SELECT {_COLS} FROM ledger WITH NO DATA"
+)
+_COPY = f"COPY ledger_staging ({_COLS}) FROM STDIN"
+_SUMS = (
+    "count(*), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),"
+    " sum(fresh_tokens), coalesce(sum(units), 0)"
+)
+_MOVE = f"""
+WITH inserted AS (
+    INSERT INTO ledger ({_COLS}) SELECT {_COLS} FROM ledger_staging
+    ON CONFLICT (request_id) DO NOTHING
+    RETURNING tenant, project, model, done_at,
+              prompt_tokens, completion_tokens, cached_tokens, fresh_tokens, units
+), rolled AS (
+    INSERT INTO usage_minute AS u (tenant, project, model, minute, requests, tokens_input,
+                                   tokens_output, tokens_cached, tokens_fresh, units)
+    SELECT coalesce(tenant, ''), coalesce(project, ''), model,
+           date_trunc('minute', done_at, 'UTC'), {_SUMS}
+    FROM inserted GROUP BY 1, 2, 3, 4
+    ON CONFLICT (tenant, project, model, minute) DO UPDATE SET
+        requests = u.requests + excluded.requests,
+        tokens_input = u.tokens_input + excluded.tokens_input,
+        tokens_output = u.tokens_output + excluded.tokens_output,
+        tokens_cached = u.tokens_cached + excluded.tokens_cached,
+        tokens_fresh = u.tokens_fresh + excluded.tokens_fresh,
+        units = u.units + excluded.units
+)
+SELECT count(*) FROM inserted
+"""
+
+
+class LedgerRow(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    received_at: datetime
+    first_byte_at: datetime | None
+    done_at: datetime
+    tenant: str | None
+    project: str | None
+    key_id: str | None
+    model: str
+    served_model: str
+    endpoint: str | None
+    kind: str
+    status: int
+    outcome: str
+    stream: bool
+    engine_prompt_tokens: int | None
+    engine_completion_tokens: int | None
+    engine_cached_tokens: int | None
+    gw_prompt_tokens: int
+    gw_completion_tokens: int
+    count_method: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    fresh_tokens: int
+    units: int | None
+    recorded_at: datetime
+
+
+class MinuteRow(msgspec.Struct, frozen=True, kw_only=True):
+    tenant: str
+    project: str
+    model: str
+    minute: datetime
+    requests: int
+    tokens_input: int
+    tokens_output: int
+    tokens_cached: int
+    tokens_fresh: int
+    units: int
+
+
+class Totals(msgspec.Struct, frozen=True, kw_only=True):
+    """Sums over a whole table: the ledger's and the rollup's must agree."""
+
+    requests: int
+    tokens_input: int
+    tokens_output: int
+    tokens_cached: int
+    tokens_fresh: int
+    units: int
+
+
+def _when(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+
+def row_values(record: UsageRecord) -> tuple[object, ...]:
+    """One record as the ledger's columns, in `COLUMNS` order; billed figures per records.py."""
+    engine = record.engine
+    return (
+        record.request_id,
+        _when(record.received_at),
+        _when(record.first_byte_at),
+        _when(record.done_at),
+        record.tenant,
+        record.project,
+        record.key_id,
+        record.model,
+        record.served_model,
+        record.endpoint,
+        record.kind,
+        record.status,
+        record.outcome,
+        record.stream,
+        engine.prompt_tokens if engine else None,
+        engine.completion_tokens if engine else None,
+        engine.cached_tokens if engine else None,
+        record.gateway.prompt_tokens,
+        record.gateway.completion_tokens,
+        record.gateway.method,
+        record.prompt_tokens,
+        record.completion_tokens,
+        record.cached_tokens,
+        record.fresh_tokens,
+        None,  # units: priced once rates exist
+    )
+
+
+async def insert_batch(conn: Connection, records: Sequence[UsageRecord]) -> int:
+    """Insert what is new among ``records`` and roll it up, in one transaction; returns how many
+    rows were new (the rest were already in the ledger)."""
+    async with conn.transaction(), conn.cursor() as cursor:
+        await cursor.execute(_STAGING)
+        async with cursor.copy(_COPY) as copy:
+            for record in records:
+                await copy.write_row(row_values(record))
+        await cursor.execute(_MOVE)
+        row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def count_rows(conn: Connection) -> int:
+    cursor = await conn.execute("SELECT count(*) FROM ledger")
+    row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def get_row(conn: Connection, request_id: str) -> LedgerRow | None:
+    async with conn.cursor(row_factory=class_row(LedgerRow)) as cursor:
+        await cursor.execute("SELECT * FROM ledger WHERE request_id = %s", (request_id,))
+        return await cursor.fetchone()
+
+
+async def rows_for_tenant(
+    conn: Connection, tenant: str, *, since: datetime | None = None, limit: int = 1000
+) -> list[LedgerRow]:
+    """A tenant's rows, oldest first, done at or after ``since`` (the (tenant, done_at) index)."""
+    floor = since or datetime.fromtimestamp(0, UTC)
+    async with conn.cursor(row_factory=class_row(LedgerRow)) as cursor:
+        await cursor.execute(
+            "SELECT * FROM ledger WHERE tenant = %s AND done_at >= %s"
+            " ORDER BY done_at, request_id LIMIT %s",
+            (tenant, floor, limit),
+        )
+        return await cursor.fetchall()
+
+
+async def minutes_for_tenant(conn: Connection, tenant: str) -> list[MinuteRow]:
+    async with conn.cursor(row_factory=class_row(MinuteRow)) as cursor:
+        await cursor.execute(
+            "SELECT * FROM usage_minute WHERE tenant = %s ORDER BY minute, project, model",
+            (tenant,),
+        )
+        return await cursor.fetchall()
+
+
+async def ledger_totals(conn: Connection) -> Totals:
+    return await _totals(
+        conn,
+        "SELECT count(*), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),"
+        " sum(fresh_tokens), sum(units) FROM ledger",
+    )
+
+
+async def rollup_totals(conn: Connection) -> Totals:
+    return await _totals(
+        conn,
+        "SELECT sum(requests), sum(tokens_input), sum(tokens_output), sum(tokens_cached),"
+        " sum(tokens_fresh), sum(units) FROM usage_minute",
+    )
+
+
+async def _totals(conn: Connection, query: str) -> Totals:
+    cursor = await conn.execute(query)
+    row = await cursor.fetchone()
+    assert row is not None
+    requests, tokens_in, tokens_out, cached, fresh, units = (int(v or 0) for v in row)
+    return Totals(
+        requests=requests,
+        tokens_input=tokens_in,
+        tokens_output=tokens_out,
+        tokens_cached=cached,
+        tokens_fresh=fresh,
+        units=units,
+    )
