@@ -43,6 +43,7 @@ DATABASE = {
     ("GET", "/api/v1/budget-rules"),
     ("GET", "/api/v1/budget-rules/{rule_id}"),
     ("DELETE", "/api/v1/budget-rules/{rule_id}"),
+    ("GET", "/api/v1/usage"),
 }
 
 

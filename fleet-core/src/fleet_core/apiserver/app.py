@@ -30,6 +30,7 @@ from fleet_core.keys.routes import keys_routes
 from fleet_core.settings import LogSettings
 from fleet_core.storage.db import open_pool
 from fleet_core.tenants.routes import tenants_routes
+from fleet_core.usage.routes import usage_routes
 
 __all__ = ["ApiserverResources", "ApiserverSettings", "create_apiserver_app", "open_resources"]
 
@@ -118,6 +119,7 @@ def _routes(resources: ApiserverResources) -> list[BaseRoute]:
     if resources.pool is not None:
         pool = resources.pool
         routes += tenants_routes(pool) + keys_routes(pool) + budget_routes(pool)
+        routes += usage_routes(pool)
     routes.append(_openapi_route(routes))
     if resources.pool is None:
         for name in DATABASE_COLLECTIONS:

@@ -24,6 +24,7 @@ from fleet_core.gateway.discovery import EndpointsDocument
 from fleet_core.inventory.service import ClusterSummary
 from fleet_core.keys import wire as keys
 from fleet_core.tenants import wire as tenants
+from fleet_core.usage.wire import UsageRow
 
 __all__ = ["OPERATIONS", "Operation", "build_document"]
 
@@ -138,6 +139,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         body=budgets.RuleCreate,
         response=budgets.BudgetRule,
         status=201,
+        errors=(400,),
+    ),
+    ("GET", "/api/v1/usage"): Operation(
+        "Usage from the ledger's per-minute rollups, grouped by hour, day, model or project",
+        response=list[UsageRow],
+        query=("tenantId", "projectId", "model", "from", "to", "groupBy"),
         errors=(400,),
     ),
     ("GET", "/api/v1/budget-rules"): Operation(

@@ -1,0 +1,1 @@
+"""Usage read back from the ledger's per-minute rollups, for people and for finance."""
