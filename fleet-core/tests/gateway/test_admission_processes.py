@@ -8,10 +8,11 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from fleet_core.stub_engine import StubSettings, running_stub
@@ -54,80 +55,71 @@ def evalsha_calls(redis_url: str) -> int:
     )
 
 
-async def test_two_gateways_share_one_limit_exactly(
-    tmp_path: Path, redis_url: str, redis_prefix: str
-) -> None:
-    async with running_stub(StubSettings(model="m")) as engine:
-        config = tmp_path / "fleet.yaml"
-        config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
-        env = {
-            "FLEET_AUTH_REQUIRED": "true",
-            "FLEET_API_KEYS": KEY,
-            "FLEET_RATE_TENANTS": "acme|rpm=50,tpm=100000",
-            "FLEET_REDIS_URL": redis_url,
-            "FLEET_REDIS_PREFIX": redis_prefix,
-        }
-        with gateway_process(config, env) as one, gateway_process(config, env) as two:
-            limits = httpx.Limits(max_connections=200)
-            async with httpx.AsyncClient(limits=limits, timeout=30) as http:
+Gateways = Callable[..., contextlib.AbstractAsyncContextManager[list[str]]]
 
-                async def call(url: str) -> int:
-                    response = await http.post(
-                        f"{url}/v1/chat/completions",
-                        headers={"Authorization": f"Bearer {KEY}"},
-                        json={
-                            "model": "m",
-                            "max_tokens": 5,
-                            "messages": [{"role": "user", "content": "hi"}],
-                        },
-                    )
-                    return response.status_code
 
-                statuses = await asyncio.gather(*(call(one if i % 2 else two) for i in range(200)))
+@pytest.fixture
+def gateways(tmp_path: Path, redis_url: str, redis_prefix: str) -> Gateways:
+    """``async with gateways(n, **env) as urls``: n gateway processes sharing one Redis and one
+    stub engine, auth on with KEY, plus ``env``."""
+
+    @contextlib.asynccontextmanager
+    async def start(count: int, **env: str) -> AsyncIterator[list[str]]:
+        async with running_stub(StubSettings(model="m")) as engine:
+            config = tmp_path / "fleet.yaml"
+            config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
+            full = {
+                "FLEET_AUTH_REQUIRED": "true",
+                "FLEET_API_KEYS": KEY,
+                "FLEET_REDIS_URL": redis_url,
+                "FLEET_REDIS_PREFIX": redis_prefix,
+                **env,
+            }
+            with contextlib.ExitStack() as stack:
+                yield [stack.enter_context(gateway_process(config, full)) for _ in range(count)]
+
+    return start
+
+
+async def chat(http: httpx.AsyncClient, url: str, max_tokens: int) -> int:
+    response = await http.post(
+        f"{url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={
+            "model": "m",
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    )
+    return response.status_code
+
+
+def burst_client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=200), timeout=30)
+
+
+async def test_two_gateways_share_one_limit_exactly(gateways: Gateways) -> None:
+    async with (
+        gateways(2, FLEET_RATE_TENANTS="acme|rpm=50,tpm=100000") as urls,
+        burst_client() as http,
+    ):
+        statuses = await asyncio.gather(*(chat(http, urls[i % 2], 5) for i in range(200)))
     assert Counter(statuses) == {200: 50, 429: 150}
 
 
-async def test_spend_never_passes_the_token_limit(
-    tmp_path: Path, redis_url: str, redis_prefix: str
-) -> None:
+async def test_spend_never_passes_the_token_limit(gateways: Gateways) -> None:
     """Reserved up front: 200 concurrent requests cannot together spend past tpm (P5)."""
-    async with running_stub(StubSettings(model="m")) as engine:
-        config = tmp_path / "fleet.yaml"
-        config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
-        env = {
-            "FLEET_AUTH_REQUIRED": "true",
-            "FLEET_API_KEYS": KEY,
-            "FLEET_RATE_TENANTS": "acme|rpm=100000,tpm=240",
-            "FLEET_REDIS_URL": redis_url,
-            "FLEET_REDIS_PREFIX": redis_prefix,
-            "FLEET_METRICS_TOKEN": "ops",
-        }
-        with gateway_process(config, env) as one, gateway_process(config, env) as two:
-            async with httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=200), timeout=30
-            ) as http:
-
-                async def call(url: str) -> int:
-                    response = await http.post(
-                        f"{url}/v1/chat/completions",
-                        headers={"Authorization": f"Bearer {KEY}"},
-                        json={
-                            "model": "m",
-                            "max_tokens": 8,
-                            "messages": [{"role": "user", "content": "hi"}],
-                        },
-                    )
-                    return response.status_code
-
-                started = asyncio.get_running_loop().time()
-                statuses = await asyncio.gather(*(call(one if i % 2 else two) for i in range(200)))
-                elapsed = asyncio.get_running_loop().time() - started
-                records = []
-                for url in (one, two):
-                    got = await http.get(
-                        f"{url}/api/v1/requests?limit=1000", headers={"Authorization": "Bearer ops"}
-                    )
-                    records += got.json()["data"]
+    env = {"FLEET_RATE_TENANTS": "acme|rpm=100000,tpm=240", "FLEET_METRICS_TOKEN": "ops"}
+    async with gateways(2, **env) as urls, burst_client() as http:
+        started = asyncio.get_running_loop().time()
+        statuses = await asyncio.gather(*(chat(http, urls[i % 2], 8) for i in range(200)))
+        elapsed = asyncio.get_running_loop().time() - started
+        records = []
+        for url in urls:
+            got = await http.get(
+                f"{url}/api/v1/requests?limit=1000", headers={"Authorization": "Bearer ops"}
+            )
+            records += got.json()["data"]
     served = [r for r in records if r["outcome"] == "ok"]
     assert len(served) == Counter(statuses)[200] > 0
     spent = sum(r["engine"]["promptTokens"] + r["engine"]["completionTokens"] for r in served)
@@ -139,42 +131,25 @@ async def test_spend_never_passes_the_token_limit(
 
 
 async def test_one_round_trip_to_admit_and_one_to_settle(
-    tmp_path: Path, redis_url: str, redis_prefix: str
+    gateways: Gateways, redis_url: str
 ) -> None:
-    async with running_stub(StubSettings(model="m")) as engine:
-        config = tmp_path / "fleet.yaml"
-        config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
-        env = {
-            "FLEET_AUTH_REQUIRED": "true",
-            "FLEET_API_KEYS": KEY,
-            "FLEET_RATE_TENANTS": "acme|rpm=1000,tpm=100000",
-            "FLEET_RATE_PROJECTS": "acme/research|rpm=500,tpm=50000",
-            "FLEET_REDIS_URL": redis_url,
-            "FLEET_REDIS_PREFIX": redis_prefix,
-        }
-        with gateway_process(config, env) as url:
-            async with httpx.AsyncClient() as http:
+    env = {
+        "FLEET_RATE_TENANTS": "acme|rpm=1000,tpm=100000",
+        "FLEET_RATE_PROJECTS": "acme/research|rpm=500,tpm=50000",
+    }
+    async with gateways(1, **env) as (url,), httpx.AsyncClient() as http:
 
-                async def one() -> None:
-                    response = await http.post(
-                        f"{url}/v1/chat/completions",
-                        headers={"Authorization": f"Bearer {KEY}"},
-                        json={
-                            "model": "m",
-                            "max_tokens": 100,
-                            "messages": [{"role": "user", "content": "hi"}],
-                        },
-                    )
-                    assert response.status_code == 200
-                    await asyncio.sleep(0.3)  # let the background settlement land
+        async def one() -> None:
+            assert await chat(http, url, 100) == 200
+            await asyncio.sleep(0.3)  # let the background settlement land
 
-                await one()  # warm-up: loads the scripts
-                before = evalsha_calls(redis_url)
-                for _ in range(5):
-                    await one()
-                after = evalsha_calls(redis_url)
-                await asyncio.gather(*(one() for _ in range(20)))
-                concurrent = evalsha_calls(redis_url)
+        await one()  # warm-up: loads the scripts
+        before = evalsha_calls(redis_url)
+        for _ in range(5):
+            await one()
+        after = evalsha_calls(redis_url)
+        await asyncio.gather(*(one() for _ in range(20)))
+        concurrent = evalsha_calls(redis_url)
     # four buckets (tenant and project, rpm and tpm) in each call; 5 admissions + 5 settlements
     assert after - before == 10
     # 20 at once: admissions in one tick, and settlements close together, share round trips
