@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fleet_core.admission.keys import KeyRing, parse_keys
 from fleet_core.admission.policy import RatePolicy, parse_policy
@@ -15,7 +16,14 @@ from fleet_core.admission.service import OnStoreError
 from fleet_core.errors import ConfigError
 from fleet_core.gateway.config import GatewayConfig
 
-__all__ = ["AdmissionSettings", "GatewaySettings", "LogSettings", "admission_from_env", "from_env"]
+__all__ = [
+    "AdmissionSettings",
+    "DatabaseModeSettings",
+    "GatewaySettings",
+    "LogSettings",
+    "admission_from_env",
+    "from_env",
+]
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,21 @@ class AdmissionSettings:
 
 
 @dataclass(frozen=True)
+class DatabaseModeSettings:
+    """The gateway in database mode: keys, limits, budgets and rates from the control plane's
+    Postgres, and every request written to the ledger (FLEET_DATABASE_URL)."""
+
+    url: str = field(repr=False)
+    """Postgres, the same database as the control plane's (FLEET_DATABASE_URL)."""
+    spool_path: Path = Path(".fleet/ledger-spool.jsonl")
+    """Where ledger records wait while the database is away (FLEET_LEDGER_SPOOL)."""
+    catalog_poll_s: float = 1.0
+    """Reload keys/limits/rules this often even without a notification (FLEET_CATALOG_POLL_S)."""
+    budget_refresh_s: float = 1.0
+    """How often budget rules' usage is re-read from the rollups (FLEET_BUDGET_REFRESH_S)."""
+
+
+@dataclass(frozen=True)
 class GatewaySettings:
     config: GatewayConfig = field(default_factory=GatewayConfig)
     """fleet.yaml: listen address, upstreams, health and timeouts."""
@@ -62,6 +85,8 @@ class GatewaySettings:
     """How many recent usage records GET /api/v1/requests keeps in memory."""
     log: LogSettings = field(default_factory=LogSettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    database: DatabaseModeSettings | None = None
+    """Set: database mode; None: environment mode (FLEET_API_KEYS, FLEET_RATE_*)."""
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -93,10 +118,13 @@ def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str,
     return raw
 
 
-def admission_from_env(env: Mapping[str, str]) -> AdmissionSettings:
+def admission_from_env(env: Mapping[str, str], *, database_mode: bool = False) -> AdmissionSettings:
+    """Environment-mode admission; in database mode keys come from Postgres (auth always on)."""
     required = _choice(env, "FLEET_AUTH_REQUIRED", "false", ("true", "false")) == "true"
     keys = parse_keys(env.get("FLEET_API_KEYS", ""))
-    if required and not keys:
+    if database_mode:
+        required = False
+    elif required and not keys:
         raise ConfigError(
             "FLEET_AUTH_REQUIRED=true but FLEET_API_KEYS is empty: "
             "set FLEET_API_KEYS='tenant/project/keyid;...'"
@@ -119,9 +147,32 @@ def admission_from_env(env: Mapping[str, str]) -> AdmissionSettings:
     )
 
 
+_ENV_MODE_ONLY = ("FLEET_API_KEYS", "FLEET_RATE_TENANTS", "FLEET_RATE_PROJECTS")
+
+
+def database_mode_from_env(env: Mapping[str, str]) -> DatabaseModeSettings | None:
+    url = env.get("FLEET_DATABASE_URL") or None
+    if url is None:
+        return None
+    for name in _ENV_MODE_ONLY:
+        if env.get(name, "").strip():
+            raise ConfigError(
+                f"{name} is set but FLEET_DATABASE_URL puts the gateway in database mode, where "
+                "keys and limits come from the control plane: unset one of them"
+            )
+    return DatabaseModeSettings(
+        url=url,
+        spool_path=Path(env.get("FLEET_LEDGER_SPOOL") or ".fleet/ledger-spool.jsonl"),
+        catalog_poll_s=_float(env, "FLEET_CATALOG_POLL_S", 1.0) or 1.0,
+        budget_refresh_s=_float(env, "FLEET_BUDGET_REFRESH_S", 1.0) or 1.0,
+    )
+
+
 def from_env(env: Mapping[str, str], config: GatewayConfig) -> GatewaySettings:
     """Settings from ``env`` (FLEET_* variables) on top of a loaded fleet.yaml."""
+    database = database_mode_from_env(env)
     return GatewaySettings(
+        database=database,
         config=config,
         max_body_bytes=_int(env, "FLEET_MAX_BODY_BYTES", 10 * 1024 * 1024),
         control_plane_url=env.get("FLEET_CONTROL_PLANE_URL") or None,
@@ -131,5 +182,5 @@ def from_env(env: Mapping[str, str], config: GatewayConfig) -> GatewaySettings:
             level=_choice(env, "FLEET_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),
             access=_choice(env, "FLEET_ACCESS_LOG", "true", ("true", "false")) == "true",
         ),
-        admission=admission_from_env(env),
+        admission=admission_from_env(env, database_mode=database is not None),
     )

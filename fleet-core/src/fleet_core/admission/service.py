@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from fleet_core.admission.keys import ANONYMOUS, KeyRing, Principal
+from fleet_core.admission.budgets import Amounts, BudgetBook, BudgetExceeded, BudgetHold
+from fleet_core.admission.directory import BudgetRule, Directory, Rates
+from fleet_core.admission.keys import Principal
 from fleet_core.admission.limits import (
     Bucket,
     Charge,
@@ -25,14 +27,12 @@ from fleet_core.admission.limits import (
     StoreUnavailable,
     hash_tag,
 )
-from fleet_core.admission.policy import RatePolicy
 from fleet_core.errors import RateLimited, ReservationTooLarge, Unavailable
 
 __all__ = ["Admission", "AdmissionMetrics", "Reservation"]
 
 log = logging.getLogger("fleet.admission")
 OnStoreError = Literal["closed", "open"]
-BUCKET_CACHE_SIZE = 10_000
 SETTLE_WINDOW_S = 0.002
 """How long a settlement waits for others to share its round trip."""
 
@@ -49,39 +49,48 @@ class Reservation:
     tokens: int
     """The token estimate reserved; settlement corrects the tpm buckets by (used - tokens)."""
     charges: Sequence[Charge] = ()
+    hold: BudgetHold | None = None
 
 
 class Admission:
     def __init__(
         self,
         *,
-        keys: KeyRing | None,
-        policy: RatePolicy,
+        directory: Directory,
         store: LimitStore,
         metrics: AdmissionMetrics,
+        budgets: BudgetBook | None = None,
         prefix: str = "",
         on_store_error: OnStoreError = "closed",
     ) -> None:
-        self._keys = keys
-        self._policy = policy
+        self._directory = directory
         self._store = store
         self._metrics = metrics
+        self._budgets = budgets or BudgetBook()
         self._prefix = prefix
         self._on_store_error = on_store_error
-        self._buckets: dict[Principal, list[Bucket]] = {}
         self._pending: dict[Bucket, int] = {}
         self._flusher: asyncio.Task[None] | None = None
+        self.on_refused_budget: Callable[[BudgetRule, int], Awaitable[float | None]] | None = None
+        """Seconds until a refusing rule's window frees enough (database mode sets it)."""
 
     @property
     def auth_required(self) -> bool:
-        return self._keys is not None
+        return self._directory.auth_required
 
     @property
     def default_max_tokens(self) -> int:
-        return self._policy.default_max_tokens
+        return self._directory.default_max_tokens
+
+    @property
+    def budgets(self) -> BudgetBook:
+        return self._budgets
 
     def authenticate(self, authorization: str | None) -> Principal:
-        return ANONYMOUS if self._keys is None else self._keys.authenticate(authorization)
+        return self._directory.authenticate(authorization)
+
+    def rates(self, model: str) -> Rates | None:
+        return self._directory.rates(model)
 
     async def ready(self) -> str | None:
         """Why admission cannot work right now, or None. Failing open never blocks readiness."""
@@ -90,12 +99,32 @@ class Admission:
         return "rate limiter store unavailable (FLEET_RATE_ON_STORE_ERROR=closed)"
 
     def is_valid_key(self, secret: str) -> bool:
-        return self._keys is not None and self._keys.lookup(secret) is not None
+        return self._directory.lookup(secret) is not None
 
-    async def admit(self, principal: Principal, tokens: int) -> Reservation:
-        """Reserve or refuse: 429 naming the level and dimension, 400 if it can never fit."""
+    async def admit(self, principal: Principal, demand: Amounts) -> Reservation:
+        """Reserve or refuse: 403 inactive, 429 naming the limit or budget rule, 400 never fits.
+
+        Budget rules are checked and held in memory before the buckets are asked, with no
+        await in between, so concurrent requests cannot all pass one check; a refusal by the
+        buckets gives the hold back, leaving nothing reserved.
+        """
+        self._directory.check_active(principal)
+        tokens = demand.tokens_input + demand.tokens_output
+        rules = self._directory.rules(principal)
+        if rules and (over := self._budgets.over(rules, demand)):
+            raise await self._budget_refusal(principal, over)
+        hold = self._budgets.hold(rules, demand) if rules else None
+        try:
+            charges = await self._reserve(principal, tokens)
+        except BaseException:
+            if hold is not None:
+                self._budgets.release(hold)
+            raise
+        return Reservation(principal, tokens, charges, hold)
+
+    async def _reserve(self, principal: Principal, tokens: int) -> list[Charge]:
         charges = []
-        for bucket in self._buckets_of(principal):
+        for bucket in self._directory.buckets(principal, prefix=self._prefix):
             amount = 1 if bucket.dimension == "rpm" else tokens
             if amount > bucket.capacity:
                 raise ReservationTooLarge(
@@ -105,23 +134,37 @@ class Admission:
                 )
             charges.append(Charge(bucket, amount))
         if not charges:
-            return Reservation(principal, tokens)
+            return charges
         try:
             decision = await self._store.reserve(charges)
         except StoreUnavailable as exc:
-            return self._store_failed(principal, tokens, exc)
+            self._store_failed(exc)
+            return []
         if not decision.admitted:
             raise self._refusal(principal, decision)
-        return Reservation(principal, tokens, charges)
+        return charges
 
-    def _buckets_of(self, principal: Principal) -> list[Bucket]:
-        """The policy's buckets for a principal, computed once (the policy is immutable)."""
-        found = self._buckets.get(principal)
-        if found is None:
-            if len(self._buckets) >= BUCKET_CACHE_SIZE:
-                self._buckets.clear()
-            found = self._buckets[principal] = self._policy.buckets(principal, prefix=self._prefix)
-        return found
+    async def _budget_refusal(
+        self, principal: Principal, over: list[tuple[BudgetRule, int]]
+    ) -> BudgetExceeded:
+        rule, excess = over[0]
+        self._metrics.refused(level=rule.scope_kind, dimension=rule.dimension)
+        wait = None
+        if self.on_refused_budget is not None:
+            waits = [await self.on_refused_budget(r, e) for r, e in over]
+            known = [w for w in waits if w is not None]
+            wait = max(known) if len(known) == len(waits) else None
+        when = (
+            f"the window frees enough in {wait:.0f}s"
+            if wait is not None
+            else "requests still in flight hold the rest; retry shortly"
+        )
+        return BudgetExceeded(
+            f"Budget exceeded: rule {rule.id} limits {rule.scope_kind} {rule.scope_id!r} to "
+            f"{rule.limit} {rule.dimension} per {_window(rule.window_s)}; this request would "
+            f"exceed it by {excess}; {when}.",
+            retry_after=wait if wait is not None else 1.0,
+        )
 
     def _refusal(self, principal: Principal, decision: Decision) -> RateLimited:
         refused = decision.refused_by
@@ -136,25 +179,27 @@ class Admission:
             retry_after=decision.retry_after,
         )
 
-    def _store_failed(self, principal: Principal, tokens: int, exc: Exception) -> Reservation:
+    def _store_failed(self, exc: Exception) -> None:
         self._metrics.store_error()
         if self._on_store_error == "open":
             log.warning("rate limiter store unavailable, admitting without limits: %s", exc)
-            return Reservation(principal, tokens)
+            return
         log.error("rate limiter store unavailable, refusing: %s", exc)
         raise Unavailable(
             "The rate limiter is unavailable; retry shortly.", code="rate_limiter_unavailable"
         ) from exc
 
-    def settle(self, reservation: Reservation, used_tokens: int) -> None:
-        """Correct the token buckets to ``used_tokens`` (refund or overrun), in the background.
+    def settle(self, reservation: Reservation, used: Amounts, *, request_id: str) -> None:
+        """Correct the token buckets and budget holds to what was used, in the background.
 
         Corrections that arrive within ``SETTLE_WINDOW_S`` of each other are summed per bucket
         and sent as one store call per tenant (its buckets share one hash tag): under load many
         settlements cost one round trip, never more than one each. Settlement is additive, so
         the sum is the same correction; the only cost is that a refund lands a moment later.
         """
-        delta = used_tokens - reservation.tokens
+        if reservation.hold is not None:
+            self._budgets.settle(reservation.hold, used, request_id=request_id)
+        delta = used.tokens_input + used.tokens_output - reservation.tokens
         if delta == 0:
             return
         for charge in reservation.charges:
@@ -190,3 +235,10 @@ class Admission:
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
         await self._flush()
+
+
+def _window(seconds: int) -> str:
+    for unit, size in (("mo", 30 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

@@ -10,13 +10,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
+import psycopg
+from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 
 from fleet_core import web
+from fleet_core.admission.budgets import BudgetBook, free_after
+from fleet_core.admission.catalog import (
+    CatalogWatcher,
+    KeyUsage,
+    load_catalog,
+    refresh_budgets,
+    rule_minutes,
+)
+from fleet_core.admission.directory import BudgetRule, CatalogDirectory, Directory, StaticDirectory
 from fleet_core.admission.limits import LimitStore
 from fleet_core.admission.service import Admission
 from fleet_core.admission.store import BatchingStore, MemoryStore, open_redis_store
@@ -27,9 +39,11 @@ from fleet_core.gateway.router import Router
 from fleet_core.gateway.routes import gateway_routes
 from fleet_core.gateway.routing.endpoints import EndpointRegistry
 from fleet_core.gateway.service import GatewayService
+from fleet_core.ledger import LedgerWriter
 from fleet_core.metering.metrics import GatewayMetrics
-from fleet_core.metering.records import RingSink
-from fleet_core.settings import GatewaySettings
+from fleet_core.metering.records import FanOut, RingSink, UsageSink
+from fleet_core.settings import DatabaseModeSettings, GatewaySettings
+from fleet_core.storage.db import open_pool
 
 __all__ = ["GatewayResources", "create_gateway_app", "open_resources"]
 
@@ -37,10 +51,53 @@ log = logging.getLogger("fleet.gateway")
 
 
 @dataclass
+class DatabaseMode:
+    """What the gateway holds in database mode: the pool, the live directory and the ledger."""
+
+    settings: DatabaseModeSettings
+    pool: AsyncConnectionPool
+    directory: CatalogDirectory
+    key_usage: KeyUsage
+    budgets: BudgetBook
+    ledger: LedgerWriter
+
+
+@dataclass
 class GatewayResources:
     session: aiohttp.ClientSession
     ring: RingSink
     limits: LimitStore
+    database: DatabaseMode | None = None
+
+    @property
+    def sink(self) -> UsageSink:
+        return self.ring if self.database is None else FanOut(self.ring, self.database.ledger)
+
+
+@contextlib.asynccontextmanager
+async def open_database_mode(
+    settings: DatabaseModeSettings, *, default_max_tokens: int
+) -> AsyncIterator[DatabaseMode]:
+    """Open the pool (refusing to start without the database), load the first catalog, and
+    start the ledger writer; closing flushes the ledger and the keys' last use."""
+    async with open_pool(settings.url) as pool:
+        async with pool.connection() as conn:
+            catalog = await load_catalog(conn)
+        key_usage = KeyUsage(pool)
+        directory = CatalogDirectory(
+            catalog, default_max_tokens=default_max_tokens, on_seen=key_usage.seen
+        )
+        budgets = BudgetBook()
+        ledger = LedgerWriter(
+            pool,
+            spool_path=settings.spool_path,
+            on_commit=lambda batch: budgets.committed(r.request_id for r in batch),
+        )
+        async with ledger:
+            try:
+                yield DatabaseMode(settings, pool, directory, key_usage, budgets, ledger)
+            finally:
+                await key_usage.flush()
 
 
 @contextlib.asynccontextmanager
@@ -55,10 +112,19 @@ async def open_resources(settings: GatewaySettings) -> AsyncIterator[GatewayReso
         BatchingStore(await open_redis_store(redis_url)) if redis_url else MemoryStore()
     )
     try:
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False
-        ) as session:
-            yield GatewayResources(session, RingSink(settings.requests_ring), limits)
+        async with contextlib.AsyncExitStack() as stack:
+            database = None
+            if settings.database is not None:
+                database = await stack.enter_async_context(
+                    open_database_mode(
+                        settings.database,
+                        default_max_tokens=settings.admission.policy.default_max_tokens,
+                    )
+                )
+            session = await stack.enter_async_context(
+                aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+            )
+            yield GatewayResources(session, RingSink(settings.requests_ring), limits, database)
     finally:
         await limits.aclose()
 
@@ -69,9 +135,15 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     router = Router(config, registry)
     proxy = Proxy(resources.session, registry, queue_timeout=config.queue_timeout_s)
     metrics = GatewayMetrics(endpoints=router.readiness)
+    database = resources.database
+    directory: Directory = (
+        StaticDirectory(keys=settings.admission.keys, policy=settings.admission.policy)
+        if database is None
+        else database.directory
+    )
     admission = Admission(
-        keys=settings.admission.keys,
-        policy=settings.admission.policy,
+        directory=directory,
+        budgets=database.budgets if database else None,
         store=resources.limits,
         metrics=metrics,
         prefix=settings.admission.redis_prefix,
@@ -80,7 +152,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     service = GatewayService(
         table=router.current,
         proxy=proxy,
-        sink=resources.ring,
+        sink=resources.sink,
         admission=admission,
         metrics=metrics,
     )
@@ -94,6 +166,8 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(checker.run(router.current), name="health")]
+        if database is not None:
+            tasks += database_tasks(database, admission)
         if settings.control_plane_url:
             tasks.append(
                 asyncio.create_task(
@@ -133,4 +207,37 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
         lifespan=lifespan,
     )
     app.state.router = router
+    app.state.admission = admission
     return app
+
+
+def database_tasks(database: DatabaseMode, admission: Admission) -> list[asyncio.Task[None]]:
+    """The loops that keep database mode current: catalog, budget usage, keys' last use."""
+    pool, options = database.pool, database.settings
+    watcher = CatalogWatcher(
+        options.url, database.directory, poll_interval_s=options.catalog_poll_s
+    )
+
+    async def free_after_s(rule: BudgetRule, excess: int) -> float | None:
+        try:
+            async with pool.connection(timeout=2) as conn:
+                minutes = await rule_minutes(conn, rule)
+        except (psycopg.Error, OSError, TimeoutError):
+            return None
+        return free_after(
+            minutes,
+            over_by=excess,
+            window_s=rule.window_s,
+            now=time.time(),
+            unrolled=database.budgets.unrolled(rule.id),
+        )
+
+    admission.on_refused_budget = free_after_s
+    return [
+        asyncio.create_task(watcher.run(), name="catalog"),
+        asyncio.create_task(
+            refresh_budgets(pool, database.budgets, interval_s=options.budget_refresh_s),
+            name="budgets",
+        ),
+        asyncio.create_task(database.key_usage.run(), name="key-usage"),
+    ]

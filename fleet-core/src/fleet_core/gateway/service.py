@@ -15,9 +15,10 @@ from typing import Any, Protocol
 
 import msgspec
 
+from fleet_core.admission.budgets import Amounts
 from fleet_core.admission.keys import ANONYMOUS, Principal
 from fleet_core.admission.service import Admission, Reservation
-from fleet_core.errors import UpstreamError
+from fleet_core.errors import FleetError, UpstreamError
 from fleet_core.gateway.proxy import Opened, Proxy
 from fleet_core.gateway.relay import StreamMeter, relay_frames
 from fleet_core.gateway.routing.table import Pool, RoutingTable
@@ -112,12 +113,23 @@ class GatewayService:
         )
 
     async def admit(self, exchange: Exchange) -> None:
-        """Reserve the request's worst case (P5); from here on it is in flight."""
+        """Reserve the request's worst case (P5); from here on it is in flight.
+
+        A refusal is recorded (outcome ``refused``, nothing billed) before it is raised.
+        """
         request = exchange.request
-        tokens = exchange.prompt_tokens
+        completion = 0
         if request.kind != "embeddings":
-            tokens += request.max_tokens or self._admission.default_max_tokens
-        exchange.reservation = await self._admission.admit(exchange.principal, tokens)
+            completion = request.max_tokens or self._admission.default_max_tokens
+        prompt = exchange.prompt_tokens
+        rates = self._admission.rates(exchange.pool.name)
+        units = rates.micro_units(fresh=prompt, cached=0, output=completion) if rates else 0
+        demand = Amounts(tokens_input=prompt, tokens_output=completion, units=units)
+        try:
+            exchange.reservation = await self._admission.admit(exchange.principal, demand)
+        except FleetError as exc:
+            self.finish(exchange, status=exc.status, outcome="refused")
+            raise
         self._metrics.request_started(request.model or exchange.pool.name)
 
     async def open(self, exchange: Exchange) -> Opened:
@@ -221,8 +233,15 @@ class GatewayService:
             self._metrics.request_finished(record.model)
             self._metrics.observe(record)
             nothing_sent = outcome == "upstream_error" and exchange.first_byte_at is None
-            used = 0 if nothing_sent else record.prompt_tokens + record.completion_tokens
-            self._admission.settle(exchange.reservation, used)
+            used = Amounts()
+            if not nothing_sent:
+                used = Amounts(
+                    tokens_input=record.prompt_tokens,
+                    tokens_output=record.completion_tokens,
+                    tokens_cached=record.cached_tokens,
+                    units=record.units or 0,
+                )
+            self._admission.settle(exchange.reservation, used, request_id=record.request_id)
 
     def _record(
         self,
@@ -235,7 +254,7 @@ class GatewayService:
     ) -> UsageRecord:
         opened = exchange.opened
         principal = exchange.principal
-        return UsageRecord(
+        record = UsageRecord(
             request_id=exchange.request_id,
             kind=exchange.request.kind,
             model=exchange.request.model or exchange.pool.name,
@@ -255,6 +274,13 @@ class GatewayService:
             project=principal.project,
             key_id=principal.key_id,
         )
+        rates = self._admission.rates(record.served_model)
+        if rates is None:
+            return record
+        units = rates.micro_units(
+            fresh=record.fresh_tokens, cached=record.cached_tokens, output=record.completion_tokens
+        )
+        return msgspec.structs.replace(record, units=units)
 
 
 def _forward_body(request: ParsedRequest, pool: Pool) -> bytes:

@@ -65,6 +65,8 @@ COLUMNS = (
 )
 _COLS = ", ".join(COLUMNS)
 
+# Requests refused at admission get a ledger row (who was refused, when, why) but no rollup:
+# the rollups are what was served, what budgets count and usage reports.
 # Temporary, so per session and invisible to others; emptied at each commit.
 _STAGING = (
     "CREATE TEMP TABLE IF NOT EXISTS ledger_staging ON COMMIT DELETE ROWS"
@@ -79,14 +81,14 @@ _MOVE = f"""
 WITH inserted AS (
     INSERT INTO ledger ({_COLS}) SELECT {_COLS} FROM ledger_staging
     ON CONFLICT (request_id) DO NOTHING
-    RETURNING tenant, project, model, done_at,
+    RETURNING tenant, project, model, done_at, outcome,
               prompt_tokens, completion_tokens, cached_tokens, fresh_tokens, units
 ), rolled AS (
     INSERT INTO usage_minute AS u (tenant, project, model, minute, requests, tokens_input,
                                    tokens_output, tokens_cached, tokens_fresh, units)
     SELECT coalesce(tenant, ''), coalesce(project, ''), model,
            date_trunc('minute', done_at, 'UTC'), {_SUMS}
-    FROM inserted GROUP BY 1, 2, 3, 4
+    FROM inserted WHERE outcome <> 'refused' GROUP BY 1, 2, 3, 4
     ON CONFLICT (tenant, project, model, minute) DO UPDATE SET
         requests = u.requests + excluded.requests,
         tokens_input = u.tokens_input + excluded.tokens_input,
@@ -184,7 +186,7 @@ def row_values(record: UsageRecord) -> tuple[object, ...]:
         record.completion_tokens,
         record.cached_tokens,
         record.fresh_tokens,
-        None,  # units: priced once rates exist
+        record.units,
     )
 
 

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -120,7 +120,10 @@ class LedgerWriter:
         queue_limit: int = 100_000,
         retry_interval_s: float = 1.0,
         timeout_s: float = 5.0,
+        on_commit: Callable[[Sequence[UsageRecord]], None] | None = None,
     ) -> None:
+        self._on_commit = on_commit
+        """Told of every batch once committed (the gateway's budget book uses it)."""
         self._db: _Database = (
             _Dedicated(database, timeout_s=timeout_s)
             if isinstance(database, str)
@@ -255,6 +258,8 @@ class LedgerWriter:
         self.stats.batches += 1
         self.stats.written += new
         self.stats.duplicates += len(batch) - new
+        if self._on_commit is not None:
+            self._on_commit(batch)
 
     async def _bisect(self, batch: Sequence[UsageRecord], exc: BaseException) -> None:
         if len(batch) == 1:

@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
-__all__ = ["EngineUsage", "GatewayCount", "RingSink", "UsageRecord", "UsageSink"]
+__all__ = ["EngineUsage", "FanOut", "GatewayCount", "RingSink", "UsageRecord", "UsageSink"]
 
 Outcome = Literal["ok", "client_error", "upstream_error", "client_disconnected", "refused"]
 
@@ -48,19 +48,28 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     tenant: str | None = None
     project: str | None = None
     key_id: str | None = None
+    units: int | None = None
+    """Micro-units billed (tokens × the model's rates); None when the model has no rates."""
 
     @property
     def prompt_tokens(self) -> int:
-        """The billed prompt tokens: the engine's when it said, else the gateway's count."""
+        """The billed prompt tokens: the engine's when it said, else the gateway's count.
+
+        A request refused at admission never reached an engine and bills nothing.
+        """
+        if self.outcome == "refused":
+            return 0
         return self.engine.prompt_tokens if self.engine else self.gateway.prompt_tokens
 
     @property
     def completion_tokens(self) -> int:
+        if self.outcome == "refused":
+            return 0
         return self.engine.completion_tokens if self.engine else self.gateway.completion_tokens
 
     @property
     def cached_tokens(self) -> int:
-        return self.engine.cached_tokens if self.engine else 0
+        return self.engine.cached_tokens if self.engine and self.outcome != "refused" else 0
 
     @property
     def fresh_tokens(self) -> int:
@@ -83,3 +92,14 @@ class RingSink:
 
     def recent(self, limit: int) -> Sequence[UsageRecord]:
         return list(reversed(self._ring))[:limit]
+
+
+class FanOut:
+    """Hands every record to several sinks (the ring and, in database mode, the ledger)."""
+
+    def __init__(self, *sinks: UsageSink) -> None:
+        self._sinks = sinks
+
+    def record(self, record: UsageRecord) -> None:
+        for sink in self._sinks:
+            sink.record(record)

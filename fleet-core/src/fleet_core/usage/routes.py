@@ -46,9 +46,7 @@ def _group(request: Request) -> GroupBy:
 
 def usage_routes(pool: AsyncConnectionPool) -> list[BaseRoute]:
     async def usage(request: Request) -> Response:
-        for name, value in request.query_params.items():
-            if "\x00" in value:  # Postgres text cannot hold NUL: a 400 here, not a 500 there
-                raise InvalidRequest(f"{name} must not contain NUL characters", param=name)
+        _reject_nul(request)
         now = datetime.now(UTC)
         start = _instant(request, "from", now - timedelta(days=1))
         end = _instant(request, "to", now)
@@ -84,4 +82,27 @@ def usage_routes(pool: AsyncConnectionPool) -> list[BaseRoute]:
             }
         )
 
-    return [Route("/api/v1/usage", usage, methods=["GET"])]
+    async def agreement(request: Request) -> Response:
+        _reject_nul(request)
+        now = datetime.now(UTC)
+        start = _instant(request, "from", now - timedelta(days=1))
+        end = _instant(request, "to", now)
+        if end <= start:
+            raise InvalidRequest("to must be after from", param="to")
+        rows = await store.agreement(
+            pool, start=start, end=end, model=request.query_params.get("model")
+        )
+        return web.json_response(
+            {"object": "list", "from": start.isoformat(), "to": end.isoformat(), "data": rows}
+        )
+
+    return [
+        Route("/api/v1/usage", usage, methods=["GET"]),
+        Route("/api/v1/usage-agreement", agreement, methods=["GET"]),
+    ]
+
+
+def _reject_nul(request: Request) -> None:
+    for name, value in request.query_params.items():
+        if "\x00" in value:  # Postgres text cannot hold NUL: a 400 here, not a 500 there
+            raise InvalidRequest(f"{name} must not contain NUL characters", param=name)

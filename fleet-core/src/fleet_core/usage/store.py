@@ -8,9 +8,9 @@ from datetime import datetime
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from fleet_core.usage.wire import GroupBy, UsageRow
+from fleet_core.usage.wire import Agreement, CountAgreement, GroupBy, UsageRow
 
-__all__ = ["usage"]
+__all__ = ["agreement", "usage"]
 
 _KEYS = {
     "hour": sql.SQL(
@@ -55,6 +55,54 @@ async def usage(
             tokens_cached=int(r[4]),
             tokens_fresh=int(r[5]),
             units=int(r[6]),
+        )
+        for r in rows
+    ]
+
+
+def _diff(engine: str, gateway: str) -> str:
+    return f"(({gateway} - {engine})::float8 / greatest({engine}, 1))"
+
+
+_PROMPT = _diff("engine_prompt_tokens", "gw_prompt_tokens")
+_COMPLETION = _diff("engine_completion_tokens", "gw_completion_tokens")
+_AGREEMENT = f"""
+SELECT model,
+       count(*),
+       count(engine_prompt_tokens),
+       count(*) - count(engine_prompt_tokens),
+       avg({_PROMPT}),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY abs({_PROMPT})),
+       avg({_COMPLETION}),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY abs({_COMPLETION})),
+       array_agg(DISTINCT count_method ORDER BY count_method)
+FROM ledger
+WHERE done_at >= %(start)s AND done_at < %(end)s AND outcome <> 'refused'
+  AND (%(model)s::text IS NULL OR model = %(model)s)
+GROUP BY model ORDER BY model
+"""
+
+
+async def agreement(
+    pool: AsyncConnectionPool, *, start: datetime, end: datetime, model: str | None = None
+) -> list[Agreement]:
+    """Engine-reported against gateway-counted tokens per model, over ledger rows in a window.
+
+    This one reads raw rows (the rollups keep only the billed figures); ``ledger_done`` keeps it
+    to the window's rows.
+    """
+    async with pool.connection() as conn:
+        cursor = await conn.execute(_AGREEMENT, {"start": start, "end": end, "model": model})
+        rows = await cursor.fetchall()
+    return [
+        Agreement(
+            model=r[0],
+            requests=int(r[1]),
+            compared=int(r[2]),
+            without_engine_usage=int(r[3]),
+            prompt=CountAgreement(mean_relative_diff=r[4], p95_abs_relative_diff=r[5]),
+            completion=CountAgreement(mean_relative_diff=r[6], p95_abs_relative_diff=r[7]),
+            count_methods=list(r[8]),
         )
         for r in rows
     ]

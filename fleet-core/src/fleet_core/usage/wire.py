@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["GroupBy", "UsageRow"]
+__all__ = ["Agreement", "CountAgreement", "GroupBy", "UsageRow"]
 
 GroupBy = Literal["hour", "day", "model", "project"]
 
@@ -21,3 +21,27 @@ class UsageRow(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     tokens_fresh: int
     units: int
     """Micro-units; 0 until model rates exist."""
+
+
+class CountAgreement(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """How far the gateway's count is from the engine's, for one direction (prompt or output).
+
+    The relative difference of a request is (gateway - engine) / engine (engine 0: / 1).
+    """
+
+    mean_relative_diff: float | None
+    """Signed: positive when the gateway counts more than the engine on average."""
+    p95_abs_relative_diff: float | None
+
+
+class Agreement(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    model: str
+    requests: int
+    """Requests served in the window (refusals excluded)."""
+    compared: int
+    """Requests with both counts: the engine reported usage."""
+    without_engine_usage: int
+    prompt: CountAgreement
+    completion: CountAgreement
+    count_methods: list[str]
+    """How the gateway counted: ``tokenizer:…`` (the model's own) or ``chars/4``."""

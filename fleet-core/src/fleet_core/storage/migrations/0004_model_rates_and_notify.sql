@@ -33,3 +33,6 @@ CREATE TRIGGER api_keys_notify_insert AFTER INSERT OR DELETE ON api_keys
     FOR EACH STATEMENT EXECUTE FUNCTION fleet_notify_admission();
 CREATE TRIGGER api_keys_notify_revoke AFTER UPDATE OF revoked_at ON api_keys
     FOR EACH STATEMENT EXECUTE FUNCTION fleet_notify_admission();
+
+-- GET /usage-agreement reads raw ledger rows of a time window, across tenants.
+CREATE INDEX ledger_done ON ledger (done_at);

@@ -1,0 +1,215 @@
+"""The gateway's database mode: reading the control plane's rows for admission.
+
+- ``load_catalog``: one snapshot of tenants, projects, unrevoked keys, budget rules and model
+  rates, read in one transaction so it is consistent.
+- ``CatalogWatcher``: keeps the directory's snapshot current. It LISTENs on ``fleet_admission``
+  (migration 0004's triggers announce every change to those tables) and reloads when told, and
+  also every ``poll_interval_s`` in case a notification was lost with its connection. A revoked
+  key is refused within milliseconds, and within one poll interval at worst.
+- ``rule_usage`` / ``rule_minutes``: the budget rules' sums over the ledger's per-minute rollups
+  (``usage_minute``), the refresh behind ``budgets.BudgetBook``; never a scan of ledger rows.
+- ``KeyUsage``: ``last_used_at`` of the keys seen, written in one UPDATE every few seconds.
+
+While the database is away the gateway keeps serving on the last snapshot it loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from fleet_core.admission.budgets import BudgetBook
+from fleet_core.admission.directory import (
+    BudgetRule,
+    Catalog,
+    CatalogDirectory,
+    KeyEntry,
+    Rates,
+    Scope,
+)
+from fleet_core.admission.keys import Principal
+from fleet_core.admission.policy import Limits
+
+__all__ = [
+    "CHANNEL",
+    "CatalogWatcher",
+    "KeyUsage",
+    "load_catalog",
+    "refresh_budgets",
+    "rule_minutes",
+    "rule_usage",
+]
+
+log = logging.getLogger("fleet.admission")
+CHANNEL = "fleet_admission"
+Connection = psycopg.AsyncConnection[Any]
+
+_DIMENSION_SQL = {
+    "tokens_total": "tokens_input + tokens_output",
+    "tokens_input": "tokens_input",
+    "tokens_output": "tokens_output",
+    "tokens_cached": "tokens_cached",
+    "tokens_fresh": "tokens_fresh",
+    "units": "units",
+}
+# One row per rule: its dimension summed over the rollup minutes its window reaches. The window
+# starts at the minute holding (now - window), so a boundary minute counts whole (errs on refusing).
+_RULE_USAGE = (
+    "SELECT r.id, coalesce(sum(CASE r.dimension "
+    + " ".join(f"WHEN '{dim}' THEN u.{expr}" for dim, expr in _DIMENSION_SQL.items())
+    + """ END), 0)::bigint
+FROM budget_rules r
+LEFT JOIN usage_minute u
+  ON u.tenant = split_part(r.scope_id, '/', 1)
+ AND (r.scope_kind = 'tenant' OR u.project = split_part(r.scope_id, '/', 2))
+ AND u.minute >= date_trunc('minute', now() - make_interval(secs => r.window_s))
+GROUP BY r.id"""
+)
+
+
+async def load_catalog(conn: Connection) -> Catalog:
+    async with conn.transaction():
+        cur = conn.cursor()
+        await cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        await cur.execute("SELECT id, request_limit, token_limit, active FROM tenants")
+        tenants = {r[0]: Scope(Limits(r[1], r[2]), r[3]) for r in await cur.fetchall()}
+        await cur.execute("SELECT id, request_limit, token_limit, active FROM projects")
+        projects = {r[0]: Scope(Limits(r[1], r[2]), r[3]) for r in await cur.fetchall()}
+        await cur.execute(
+            "SELECT k.secret_hash, k.id, p.tenant_id, p.name FROM api_keys k"
+            " JOIN projects p ON p.id = k.project_id WHERE k.revoked_at IS NULL"
+        )
+        keys = {bytes(r[0]): KeyEntry(Principal(r[2], r[3], r[1])) for r in await cur.fetchall()}
+        await cur.execute(
+            'SELECT id, scope_kind, scope_id, dimension, "limit", window_s FROM budget_rules'
+        )
+        rules = tuple(BudgetRule(*r) for r in await cur.fetchall())
+        await cur.execute("SELECT model, input_fresh, input_cached, output FROM model_rates")
+        rates = {r[0]: Rates(r[1], r[2], r[3]) for r in await cur.fetchall()}
+    return Catalog(keys=keys, tenants=tenants, projects=projects, rules=rules, rates=rates)
+
+
+async def rule_usage(conn: Connection) -> dict[str, int]:
+    cur = await conn.execute(_RULE_USAGE)
+    return {rule_id: int(total) for rule_id, total in await cur.fetchall()}
+
+
+async def rule_minutes(conn: Connection, rule: BudgetRule) -> list[tuple[float, int]]:
+    """(minute start as epoch seconds, amount) inside the rule's window, oldest first."""
+    project_clause = "" if rule.scope_kind == "tenant" else " AND project = %(project)s"
+    tenant, _, project = rule.scope_id.partition("/")
+    cur = await conn.execute(
+        f"SELECT extract(epoch FROM minute)::float8, sum({_DIMENSION_SQL[rule.dimension]})::bigint"
+        " FROM usage_minute WHERE tenant = %(tenant)s" + project_clause + " AND minute >="
+        " date_trunc('minute', now() - make_interval(secs => %(window)s))"
+        " GROUP BY minute ORDER BY minute",
+        {"tenant": tenant, "project": project, "window": rule.window_s},
+    )
+    return [(float(m), int(a)) for m, a in await cur.fetchall()]
+
+
+async def refresh_budgets(
+    pool: AsyncConnectionPool, book: BudgetBook, *, interval_s: float = 1.0
+) -> None:
+    """Forever: refresh the book's rollup sums every ``interval_s``."""
+    while True:
+        started = time.monotonic()
+        try:
+            async with pool.connection(timeout=5) as conn:
+                used = await rule_usage(conn)
+            book.refreshed(used, started_at=started)
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            log.warning("budget usage refresh failed, keeping the last figures: %s", exc)
+        await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+
+
+class CatalogWatcher:
+    """Keeps a ``CatalogDirectory`` on the newest snapshot of the database's rows."""
+
+    def __init__(
+        self,
+        url: str,
+        directory: CatalogDirectory,
+        *,
+        poll_interval_s: float = 1.0,
+    ) -> None:
+        self._url = url
+        self._directory = directory
+        self._poll_interval_s = poll_interval_s
+        self.reloads = 0
+
+    async def run(self) -> None:
+        """Forever: listen, reload on notification or poll; reconnect after failures."""
+        while True:
+            try:
+                await self._listen()
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                log.warning("catalog watcher lost the database, retrying: %s", exc)
+                await asyncio.sleep(self._poll_interval_s)
+
+    async def _listen(self) -> None:
+        async with await psycopg.AsyncConnection.connect(
+            self._url, autocommit=True, connect_timeout=5
+        ) as conn:
+            await conn.execute(f"LISTEN {CHANNEL}")
+            await self._reload(conn)  # what changed while we were not listening
+            while True:
+                notified = False
+                async for _ in conn.notifies(timeout=self._poll_interval_s, stop_after=1):
+                    notified = True
+                if not notified:
+                    await self._reload(conn)
+                    continue
+                # Coalesce a burst of changes (a transaction touching several tables) into one.
+                async for _ in conn.notifies(timeout=0.01):
+                    pass
+                await self._reload(conn)
+
+    async def _reload(self, conn: Connection) -> None:
+        catalog = await load_catalog(conn)
+        if catalog != self._directory.catalog:
+            self._directory.replace(catalog)
+            self.reloads += 1
+
+
+class KeyUsage:
+    """Collects the keys seen and writes their ``last_used_at`` in batches."""
+
+    def __init__(self, pool: AsyncConnectionPool, *, interval_s: float = 5.0) -> None:
+        self._pool = pool
+        self._interval_s = interval_s
+        self._seen: dict[str, float] = {}
+
+    def seen(self, key_id: str) -> None:
+        self._seen[key_id] = time.time()
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.flush()
+
+    async def flush(self) -> None:
+        seen, self._seen = self._seen, {}
+        if not seen:
+            return
+        try:
+            async with self._pool.connection(timeout=5) as conn:
+                await conn.execute(
+                    "UPDATE api_keys k SET last_used_at = greatest(k.last_used_at, s.at)"
+                    " FROM unnest(%s::text[], %s::timestamptz[]) AS s(id, at) WHERE k.id = s.id",
+                    (list(seen), [_utc(t) for t in seen.values()]),
+                )
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            log.warning("could not record keys' last use: %s", exc)
+            for key_id, at in seen.items():
+                self._seen.setdefault(key_id, at)
+
+
+def _utc(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)

@@ -1,0 +1,371 @@
+"""The gateway in database mode: keys, limits, budget rules and rates from the control plane's
+Postgres, and one ledger row per served or refused request.
+
+Everything is real: a fresh Postgres database, the control plane and the gateway served over
+loopback, a stub engine, the official SDK as the client. Changes are made through the control
+plane's API and must reach the gateway without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psycopg
+import pytest
+
+from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
+from fleet_core.apiserver.app import open_resources as open_apiserver
+from fleet_core.errors import ConfigError
+from fleet_core.settings import DatabaseModeSettings, LogSettings, from_env
+from fleet_core.stub_engine import running_app
+from fleet_testing import servers
+from fleet_testing.fix_proxy import ProxyFactory
+
+from .conftest import GatewayFactory, Served, StubFactory
+
+MODEL = "m1"
+MSG = [{"role": "user", "content": "hello there"}]
+CHANGE_DEADLINE_S = 2.0
+
+
+@dataclass
+class Fleet:
+    api: httpx.AsyncClient
+    gateway: Served
+    database_url: str
+    tenant: str = "acme"
+    project: str = "acme/research"
+
+    def sdk(self, key: str) -> openai.AsyncOpenAI:
+        client = openai.AsyncOpenAI(base_url=f"{self.gateway.url}/v1", api_key=key, max_retries=0)
+        assert self.gateway.stack is not None
+        self.gateway.stack.push_async_callback(client.close)
+        return client
+
+    async def call(self, body: dict[str, Any], *, status: int) -> dict[str, Any]:
+        response = await self.api.request(body.pop("_method", "POST"), body.pop("_path"), json=body)
+        assert response.status_code == status, response.text
+        found: dict[str, Any] = response.json()
+        return found
+
+    async def issue_key(self, project: str | None = None) -> dict[str, Any]:
+        return await self.call(
+            {"_path": "/api/v1/keys", "projectId": project or self.project, "label": "t"},
+            status=201,
+        )
+
+    async def ledger(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        async with await psycopg.AsyncConnection.connect(self.database_url) as conn:
+            cur = await conn.execute(sql, args)
+            return await cur.fetchall()
+
+    async def ledger_rows(self, count: int, timeout_s: float = 15.0) -> list[tuple[Any, ...]]:
+        """The ledger's rows once it holds ``count`` (the writer batches in the background)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rows = await self.ledger(
+                "SELECT request_id, tenant, project, key_id, model, endpoint, status, outcome,"
+                " prompt_tokens, completion_tokens, units FROM ledger ORDER BY received_at"
+            )
+            if len(rows) >= count or time.monotonic() > deadline:
+                return rows
+            await asyncio.sleep(0.05)
+
+
+FleetFactory = Callable[..., Awaitable[Fleet]]
+
+
+@pytest.fixture
+async def start_fleet(
+    postgres_url: str,
+    start_stub: StubFactory,
+    start_gateway: GatewayFactory,
+    tmp_path: Path,
+) -> AsyncIterator[FleetFactory]:
+    """``await start_fleet(gateway_db_url=None, **stub)``: control plane, engine, gateway."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(gateway_db_url: str | None = None, **stub: Any) -> Fleet:
+            settings = ApiserverSettings(database_url=postgres_url, log=LogSettings(access=False))
+            resources = await stack.enter_async_context(open_apiserver(settings))
+            api_url = await stack.enter_async_context(
+                running_app(create_apiserver_app(settings, resources))
+            )
+            api = await stack.enter_async_context(httpx.AsyncClient(base_url=api_url))
+            engine = await start_stub(model=MODEL, **stub)
+            database = DatabaseModeSettings(
+                url=gateway_db_url or postgres_url,
+                spool_path=tmp_path / "spool" / "ledger.jsonl",
+                catalog_poll_s=0.5,
+                budget_refresh_s=0.2,
+            )
+            config = {"upstreams": [{"id": MODEL, "model": MODEL, "base_url": engine.url}]}
+            gateway = await start_gateway(config, database=database)
+            fleet = Fleet(api, gateway, postgres_url)
+            await fleet.call({"_path": "/api/v1/tenants", "id": "acme", "name": "Acme"}, status=201)
+            await fleet.call(
+                {"_path": "/api/v1/projects", "tenantId": "acme", "name": "research"}, status=201
+            )
+            return fleet
+
+        yield start
+
+
+async def until(check: Callable[[], Awaitable[bool]], *, within_s: float) -> float:
+    """Seconds until ``check()`` held; fails past ``within_s``."""
+    started = time.monotonic()
+    while not await check():
+        elapsed = time.monotonic() - started
+        assert elapsed < within_s, f"not true within {within_s}s"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+async def status_with(fleet: Fleet, key: str, **extra: Any) -> int:
+    async with httpx.AsyncClient() as http:
+        response = await http.post(
+            f"{fleet.gateway.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": MODEL, "messages": MSG, "max_tokens": 8, **extra},
+        )
+    return response.status_code
+
+
+async def test_a_key_issued_by_the_control_plane_is_served_and_billed(
+    start_fleet: FleetFactory,
+) -> None:
+    fleet = await start_fleet()
+    await fleet.call(
+        {
+            "_method": "PUT",
+            "_path": f"/api/v1/model-rates/{MODEL}",
+            "inputFresh": 1000,
+            "inputCached": 100,
+            "output": 4000,
+        },
+        status=201,
+    )
+    issued = await fleet.issue_key()
+    client = fleet.sdk(issued["secret"])
+    # The new key and rates reach the gateway by notification, without a restart.
+    await until(lambda: _served(fleet, issued["secret"]), within_s=CHANGE_DEADLINE_S)
+    reply = await client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8)  # type: ignore[arg-type]
+    assert reply.usage is not None
+
+    rows = await fleet.ledger_rows(2)
+    assert len(rows) == 2  # the probe and the SDK call, one row each
+    _, tenant, project, key_id, model, endpoint, status, outcome, prompt, completion, units = rows[
+        -1
+    ]
+    assert (tenant, project, key_id, model, status, outcome) == (
+        "acme",
+        "research",
+        issued["id"],
+        MODEL,
+        200,
+        "ok",
+    )
+    assert endpoint is not None
+    assert endpoint.startswith("http://127.0.0.1:")
+    assert (prompt, completion) == (reply.usage.prompt_tokens, reply.usage.completion_tokens)
+    assert units == prompt * 1000 + completion * 4000  # micro-units: tokens × units per 1M
+
+    with pytest.raises(openai.AuthenticationError):
+        await fleet.sdk("fk_not-a-key").chat.completions.create(model=MODEL, messages=MSG)  # type: ignore[arg-type]
+
+
+async def _served(fleet: Fleet, key: str) -> bool:
+    return await status_with(fleet, key) == 200
+
+
+async def test_a_revoked_key_is_refused_within_two_seconds(start_fleet: FleetFactory) -> None:
+    fleet = await start_fleet()
+    issued = await fleet.issue_key()
+    await until(lambda: _served(fleet, issued["secret"]), within_s=CHANGE_DEADLINE_S)
+    await fleet.call({"_method": "DELETE", "_path": f"/api/v1/keys/{issued['id']}"}, status=200)
+
+    async def refused() -> bool:
+        return await status_with(fleet, issued["secret"]) == 401
+
+    elapsed = await until(refused, within_s=CHANGE_DEADLINE_S)
+    assert elapsed < CHANGE_DEADLINE_S
+
+
+@pytest.mark.parametrize(
+    ("path", "code"),
+    [
+        ("/api/v1/projects/acme%2Fresearch", "project_inactive"),
+        ("/api/v1/tenants/acme", "tenant_inactive"),
+    ],
+)
+async def test_an_inactive_tenant_or_project_is_refused_with_403_and_recorded(
+    start_fleet: FleetFactory, path: str, code: str
+) -> None:
+    fleet = await start_fleet()
+    issued = await fleet.issue_key()
+    await until(lambda: _served(fleet, issued["secret"]), within_s=CHANGE_DEADLINE_S)
+    await fleet.call({"_method": "PATCH", "_path": path, "active": False}, status=200)
+
+    client = fleet.sdk(issued["secret"])
+
+    async def forbidden() -> bool:
+        try:
+            await client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8)  # type: ignore[arg-type]
+        except openai.PermissionDeniedError as exc:
+            codes.append(exc.code)
+            return True
+        return False
+
+    codes: list[str | None] = []
+    await until(forbidden, within_s=CHANGE_DEADLINE_S)
+    assert codes == [code]
+    rows = await fleet.ledger_rows(3)
+    refused = [r for r in rows if r[7] == "refused"]
+    assert refused, rows
+    assert all(r[6] == 403 and r[8] == 0 and r[9] == 0 for r in refused)  # nothing billed
+    usage = await fleet.call({"_method": "GET", "_path": "/api/v1/usage?groupBy=model"}, status=200)
+    served = [r for r in rows if r[7] == "ok"]
+    assert usage["data"][0]["requests"] == len(served)  # refusals are not usage
+
+
+async def test_a_budget_rule_refuses_with_the_rule_and_when_it_frees(
+    start_fleet: FleetFactory,
+) -> None:
+    fleet = await start_fleet()
+    issued = await fleet.issue_key()
+    rule = await fleet.call(
+        {
+            "_path": "/api/v1/budget-rules",
+            "scopeKind": "project",
+            "scopeId": fleet.project,
+            "dimension": "tokens_total",
+            "limit": 120,
+            "window": "1h",
+        },
+        status=201,
+    )
+    client = fleet.sdk(issued["secret"])
+    await until(lambda: _served(fleet, issued["secret"]), within_s=CHANGE_DEADLINE_S)
+    refusal = None
+    for _ in range(40):
+        try:
+            await client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8)  # type: ignore[arg-type]
+        except openai.RateLimitError as exc:
+            refusal = exc
+            break
+    assert refusal is not None, "the budget never refused"
+    assert refusal.code == "budget_exceeded"
+    assert rule["id"] in refusal.message
+    assert "frees enough in" in refusal.message  # the rollups hold the usage: a time is known
+    assert int(refusal.response.headers["retry-after"]) > 3000  # about an hour away
+
+    rows = await fleet.ledger_rows(1)
+    billed = sum(r[8] + r[9] for r in rows if r[7] == "ok")
+    assert billed <= 120  # the rule held: served tokens never went past the limit
+
+    # A request that could never fit is a 400, not a 429 to retry forever.
+    with pytest.raises(openai.BadRequestError):
+        await client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=500)  # type: ignore[arg-type]
+
+
+async def test_concurrent_requests_cannot_overdraw_a_budget(start_fleet: FleetFactory) -> None:
+    """Held reservations are counted at once: a burst cannot all pass one check."""
+    fleet = await start_fleet(latency_ms=300)
+    issued = await fleet.issue_key()
+    await until(lambda: _served(fleet, issued["secret"]), within_s=CHANGE_DEADLINE_S)
+    await fleet.call(
+        {
+            "_path": "/api/v1/budget-rules",
+            "scopeKind": "tenant",
+            "scopeId": "acme",
+            "dimension": "tokens_output",
+            "limit": 50,
+            "window": "1d",
+        },
+        status=201,
+    )
+    await asyncio.sleep(1.0)  # the rule reaches the gateway (notification) and a refresh runs
+
+    statuses = await asyncio.gather(
+        *(status_with(fleet, issued["secret"], max_tokens=10) for _ in range(20))
+    )
+    # 50 output tokens, 10 reserved each, and the earlier probe used a few: at most 5 fit at once.
+    assert statuses.count(200) <= 5
+    assert statuses.count(200) >= 1
+    assert set(statuses) <= {200, 429}
+
+
+async def test_the_ledger_loses_nothing_when_the_database_drops_mid_load(
+    start_fleet: FleetFactory, postgres_url: str, tcp_proxy: ProxyFactory
+) -> None:
+    target = servers.address_of(postgres_url)
+    proxy = tcp_proxy(target.host, target.port)
+    fleet = await start_fleet(gateway_db_url=proxy.url_for(postgres_url))
+    issued = await fleet.issue_key()
+    await until(lambda: _served(fleet, issued["secret"]), within_s=CHANGE_DEADLINE_S)
+    served = 1
+    for n in range(60):
+        if n == 20:
+            proxy.cut()  # the gateway's every database connection is reset
+        if n == 45:
+            proxy.resume()
+        assert await status_with(fleet, issued["secret"]) == 200  # the cached catalog serves
+        served += 1
+    rows = await fleet.ledger_rows(served, timeout_s=30)
+    ids = [r[0] for r in rows]
+    assert len(ids) == served
+    assert len(set(ids)) == served
+
+
+async def test_usage_agreement_compares_engine_and_gateway_counts(
+    start_fleet: FleetFactory,
+) -> None:
+    fleet = await start_fleet()
+    issued = await fleet.issue_key()
+    await until(lambda: _served(fleet, issued["secret"]), within_s=CHANGE_DEADLINE_S)
+    for _ in range(4):
+        assert await status_with(fleet, issued["secret"]) == 200
+    await fleet.ledger_rows(5)
+    found = await fleet.call({"_method": "GET", "_path": "/api/v1/usage-agreement"}, status=200)
+    (row,) = found["data"]
+    assert row["model"] == MODEL
+    assert row["requests"] == 5
+    assert row["compared"] == 5  # the stub engine reports usage on every non-stream reply
+    assert row["withoutEngineUsage"] == 0
+    assert row["countMethods"]
+    assert row["prompt"]["p95AbsRelativeDiff"] >= 0
+
+
+async def test_model_rates_api(start_fleet: FleetFactory) -> None:
+    fleet = await start_fleet()
+    path = "/api/v1/model-rates/Qwen/Qwen2.5-7B-Instruct"
+    body = {"inputFresh": 150, "inputCached": 15, "output": 600}
+    created = await fleet.call({"_method": "PUT", "_path": path, **body}, status=201)
+    assert created["model"] == "Qwen/Qwen2.5-7B-Instruct"
+    updated = await fleet.call({"_method": "PUT", "_path": path, **body, "output": 700}, status=200)
+    assert updated["output"] == 700
+    listed = await fleet.call({"_method": "GET", "_path": "/api/v1/model-rates"}, status=200)
+    assert [r["model"] for r in listed["data"]] == ["Qwen/Qwen2.5-7B-Instruct"]
+    bad = await fleet.call({"_method": "PUT", "_path": path, **body, "output": -1}, status=400)
+    assert "output" in bad["error"]["message"]
+    await fleet.call({"_method": "DELETE", "_path": path}, status=200)
+    await fleet.call({"_method": "GET", "_path": path}, status=404)
+
+
+@pytest.mark.parametrize("variable", ["FLEET_API_KEYS", "FLEET_RATE_TENANTS"])
+def test_database_mode_refuses_environment_keys_and_limits(variable: str) -> None:
+    from fleet_core.gateway.config import GatewayConfig
+
+    env = {"FLEET_DATABASE_URL": "postgresql://x@127.0.0.1/fleet", variable: "acme/a/b"}
+    with pytest.raises(ConfigError) as info:
+        from_env(env, GatewayConfig())
+    assert variable in str(info.value)
+    assert "\n" not in str(info.value)
