@@ -13,6 +13,7 @@ PACKAGES := contract fleet-core fleet-serving
 
 help:
 	@echo "make dev    - run the system on embedded defaults"
+	@echo "make seed   - create a demo tenant, project, key and budget rule (with make dev running)"
 	@echo "make test   - run every test (the CI command)"
 	@echo "make check  - format check, lint, types, import layering, contract compatibility, tests"
 	@echo "make bench  - run the benchmarks and write docs/benchmarks.md"
@@ -32,6 +33,10 @@ $(STAMP): $(BIN)/uv requirements.lock $(addsuffix /pyproject.toml,$(PACKAGES))
 
 dev: $(STAMP)
 	$(PY) -m fleet_core.devrun
+
+# Needs `make dev` running (or FLEET_SEED_API pointing at a control plane).
+seed: $(STAMP)
+	$(PY) -m fleet_core.seed
 
 test: $(STAMP)
 	$(BIN)/pytest

@@ -1,13 +1,14 @@
 """Run every benchmark and write docs/benchmarks.md (``make bench``).
 
-``FLEET_BENCH_ONLY=gateway``, ``=admission`` or ``=ledger`` runs one section.
+``FLEET_BENCH_ONLY=gateway``, ``=admission``, ``=ledger`` or ``=database`` runs one section (the
+other sections of docs/benchmarks.md are kept as they were).
 """
 
 from __future__ import annotations
 
 import os
 
-from bench import admission_bench, gateway_bench, ledger_bench
+from bench import admission_bench, database_bench, gateway_bench, ledger_bench
 
 
 def main() -> None:
@@ -19,6 +20,8 @@ def main() -> None:
         sections.append(admission_bench.report(admission_bench.run()))
     if only in ("", "ledger"):
         sections.append(ledger_bench.report(ledger_bench.run()))
+    if only in ("", "database"):
+        sections.append(database_bench.report(database_bench.run()))
     gateway_bench.write_report(sections)
 
 

@@ -41,7 +41,7 @@ def free_port() -> int:
 def wait_for(url: str, proc: subprocess.Popen[bytes]) -> None:
     for _ in range(300):
         if proc.poll() is not None:
-            raise SystemExit(f"bench: a server exited early ({proc.args})")
+            raise SystemExit(f"bench: a server exited early ({proc.args!r})")
         try:
             with urllib.request.urlopen(url, timeout=1):
                 return
@@ -244,20 +244,37 @@ def report(samples: Samples) -> list[str]:
 
 
 def write_report(sections: list[list[str]]) -> None:
+    """Write docs/benchmarks.md: the sections just run replace those of the same heading; the
+    others stay as the last run that measured them left them (each section carries its date)."""
+    path = ROOT / "docs" / "benchmarks.md"
+    stamp = f"_Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()}._"
+    fresh = {section[0]: [section[0], "", stamp, *section[1:]] for section in sections}
+    kept = _sections(path.read_text()) if path.exists() else {}
+    merged = {**kept, **fresh}
     lines = [
         "# Benchmarks",
         "",
         "Written by `make bench`; every figure comes from one run on one machine, with its",
         "baseline measured in that same run. Absolute numbers move by 20-40% between runs on this",
-        "shared machine; compare the ratios.",
+        "shared machine; compare the ratios. `FLEET_BENCH_ONLY=<section>` reruns one section.",
         "",
-        f"- Machine: {machine()}",
-        f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"- Each cell: {SECONDS:g} s of closed-loop load after a warm-up, from a load generator in",
         "  its own process; stub engine with no artificial delay, 16-token replies.",
         "",
     ]
-    for section in sections:
+    for section in merged.values():
         lines += section
-    (ROOT / "docs" / "benchmarks.md").write_text("\n".join(lines))
+    path.write_text("\n".join(lines))
     print("\n".join(lines))
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    """``## heading`` -> its lines, from an earlier report."""
+    found: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            current = found.setdefault(line, [])
+        if current is not None:
+            current.append(line)
+    return found

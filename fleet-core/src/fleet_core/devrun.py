@@ -1,15 +1,22 @@
-"""``make dev``: the gateway on 127.0.0.1:8080 with stub engines behind it, nothing to configure.
+"""``make dev``: the whole system on one machine, nothing to configure.
 
-Three stub engines start as child processes — two replicas of a vLLM-profile model and one
-llama.cpp-profile model — and the control plane (``fleet-apiserver``) on 127.0.0.1:8081, using
-FLEET_DATABASE_URL when it is set and serving inventory and health only otherwise. The gateway
-runs in the foreground with a generated ``fleet.yaml`` under ``.dev/``. Ctrl-C (or SIGTERM) stops
-the gateway, which drains, and then the children. Ports can be moved with FLEET_DEV_PORT (gateway),
-FLEET_DEV_ENGINE_PORT (first engine) and FLEET_DEV_API_PORT (control plane).
+- Postgres and Redis: FLEET_DATABASE_URL / FLEET_REDIS_URL when set, else servers of its own
+  under ``.dev/`` (``devstack``), the Postgres data kept between runs.
+- Three stub engines as child processes: two replicas of a vLLM-profile model and one
+  llama.cpp-profile model.
+- The control plane (``fleet-apiserver``) on 127.0.0.1:8081, on that database.
+- The gateway in the foreground on 127.0.0.1:8080, in database mode: keys, limits, budget rules
+  and rates come from the control plane's tables, every request lands in the ledger. ``make
+  seed`` creates a demo tenant, project, key and budget rule and prints the key.
+
+Ctrl-C (or SIGTERM) stops the gateway, which drains, then the children and the servers. Ports move
+with FLEET_DEV_PORT (gateway), FLEET_DEV_ENGINE_PORT (first engine), FLEET_DEV_API_PORT (control
+plane), FLEET_DEV_PG_PORT and FLEET_DEV_REDIS_PORT.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -17,6 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from fleet_core.devstack import DevStackError, dev_postgres, dev_redis
 from fleet_core.main import gateway_main
 
 __all__ = ["main"]
@@ -48,9 +56,9 @@ upstreams:
 """
 
 
-def _start_apiserver(port: int) -> subprocess.Popen[bytes]:
+def _start_apiserver(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{port}"]
-    return subprocess.Popen(args)
+    return subprocess.Popen(args, env=env)
 
 
 def _start_engines(first_port: int) -> list[subprocess.Popen[bytes]]:
@@ -72,53 +80,83 @@ def _start_engines(first_port: int) -> list[subprocess.Popen[bytes]]:
     return procs
 
 
-def _wait_until_healthy(first_port: int, procs: list[subprocess.Popen[bytes]]) -> None:
-    """The gateway's first health round should find the engines up, not starting."""
-    deadline = time.monotonic() + 30
-    for offset, proc in enumerate(procs):
-        url = f"http://127.0.0.1:{first_port + offset}/health"
+def _wait_until_healthy(checks: list[tuple[str, subprocess.Popen[bytes], str]]) -> None:
+    """The gateway's first health round should find everything up, not starting."""
+    deadline = time.monotonic() + 60
+    for url, proc, hint in checks:
         while True:
             if proc.poll() is not None:
-                raise SystemExit(
-                    f"make dev: stub engine on port {first_port + offset} exited; "
-                    "is the port taken? set FLEET_DEV_ENGINE_PORT"
-                )
+                raise SystemExit(f"make dev: {url} exited; {hint}")
             try:
                 with urllib.request.urlopen(url, timeout=1):
                     break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise SystemExit(f"make dev: {url} did not answer within 30 s") from None
+                    raise SystemExit(f"make dev: {url} did not answer within 60 s") from None
                 time.sleep(0.1)
 
 
+def _port(name: str, default: int) -> int:
+    raw = os.environ.get(name, str(default))
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise SystemExit(f"make dev: {name}={raw!r} is not a port number")
+    return int(raw)
+
+
 def main() -> None:
-    gateway_port = int(os.environ.get("FLEET_DEV_PORT", "8080"))
-    engine_port = int(os.environ.get("FLEET_DEV_ENGINE_PORT", "8001"))
+    gateway_port = _port("FLEET_DEV_PORT", 8080)
+    engine_port = _port("FLEET_DEV_ENGINE_PORT", 8001)
+    api_port = _port("FLEET_DEV_API_PORT", 8081)
     state = Path(".dev")
     state.mkdir(exist_ok=True)
     config = state / "fleet.yaml"
     config.write_text(_config(gateway_port, engine_port))
-    print(
-        f"""make dev: gateway on http://127.0.0.1:{gateway_port}, control plane on \
-http://127.0.0.1:{os.environ.get("FLEET_DEV_API_PORT", "8081")}, stub engines on ports \
-{engine_port}-{engine_port + 2}. Try:
-  curl -s http://127.0.0.1:{gateway_port}/v1/chat/completions -H 'content-type: application/json' \\
+    with contextlib.ExitStack() as stack:
+        try:
+            database_url = os.environ.get("FLEET_DATABASE_URL") or stack.enter_context(
+                dev_postgres(state, port=_port("FLEET_DEV_PG_PORT", 55432))
+            )
+            redis_url = os.environ.get("FLEET_REDIS_URL") or stack.enter_context(
+                dev_redis(state, port=_port("FLEET_DEV_REDIS_PORT", 56379))
+            )
+        except DevStackError as exc:
+            raise SystemExit(f"make dev: {exc}") from None
+        env = {
+            **os.environ,
+            "FLEET_DATABASE_URL": database_url,
+            "FLEET_REDIS_URL": redis_url,
+            "FLEET_LEDGER_SPOOL": str(state / "ledger-spool.jsonl"),
+        }
+        engines = _start_engines(engine_port)
+        apiserver = _start_apiserver(api_port, env)
+        children = [*engines, apiserver]
+        try:
+            checks = [
+                (f"http://127.0.0.1:{engine_port + n}/health", p, "set FLEET_DEV_ENGINE_PORT")
+                for n, p in enumerate(engines)
+            ]
+            checks.append(
+                (f"http://127.0.0.1:{api_port}/readyz", apiserver, "set FLEET_DEV_API_PORT")
+            )
+            _wait_until_healthy(checks)
+            print(_banner(gateway_port, api_port, engine_port), flush=True)
+            os.environ.update(env)  # the gateway reads its settings from the environment
+            gateway_main(["--config", str(config)])
+        finally:
+            for proc in children:
+                proc.terminate()
+            for proc in children:
+                proc.wait(timeout=10)
+
+
+def _banner(gateway_port: int, api_port: int, engine_port: int) -> str:
+    return f"""make dev: gateway on http://127.0.0.1:{gateway_port} (database mode), \
+control plane on http://127.0.0.1:{api_port}, stub engines on ports {engine_port}-{engine_port + 2}.
+In another terminal, `make seed` creates a demo tenant and prints an API key; then:
+  curl -s http://127.0.0.1:{gateway_port}/v1/chat/completions -H "Authorization: Bearer $KEY" \\
+    -H 'content-type: application/json' \\
     -d '{{"model": "qwen", "messages": [{{"role": "user", "content": "hello"}}]}}'
-""",
-        flush=True,
-    )
-    api_port = int(os.environ.get("FLEET_DEV_API_PORT", "8081"))
-    engines = _start_engines(engine_port)
-    apiserver = _start_apiserver(api_port)
-    try:
-        _wait_until_healthy(engine_port, engines)
-        gateway_main(["--config", str(config)])
-    finally:
-        for proc in (*engines, apiserver):
-            proc.terminate()
-        for proc in (*engines, apiserver):
-            proc.wait(timeout=10)
+"""
 
 
 if __name__ == "__main__":

@@ -1,0 +1,137 @@
+"""``make dev`` then ``make seed`` from an empty directory: the whole system, in database mode,
+answers an SDK call with the seeded key, and SIGTERM leaves nothing running."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+START_TIMEOUT_S = 90
+
+
+def _free_block(size: int) -> int:
+    """The first of ``size`` consecutive free ports (the stub engines take a block)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = int(probe.getsockname()[1])
+        if first + size >= 65535:
+            continue
+        try:
+            held = []
+            for port in range(first, first + size):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise RuntimeError("no block of free ports")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """A checkout-like directory others may traverse: as root, make dev's Postgres runs as
+    ``nobody``, which cannot enter pytest's private tmp_path."""
+    path = Path(tempfile.mkdtemp(prefix="fleet-make-dev-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def dev(workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, str]]]:
+    base = _free_block(7)
+    ports = {
+        "FLEET_DEV_PORT": base,
+        "FLEET_DEV_ENGINE_PORT": base + 1,  # + 2, + 3
+        "FLEET_DEV_API_PORT": base + 4,
+        "FLEET_DEV_PG_PORT": base + 5,
+        "FLEET_DEV_REDIS_PORT": base + 6,
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env.update({k: str(v) for k, v in ports.items()})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fleet_core.devrun"],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield process, env
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
+    dev: tuple[subprocess.Popen[bytes], dict[str, str]], workdir: Path
+) -> None:
+    process, env = dev
+    gateway = f"http://127.0.0.1:{env['FLEET_DEV_PORT']}"
+    api = f"http://127.0.0.1:{env['FLEET_DEV_API_PORT']}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _answers(f"{gateway}/healthz"):
+        assert process.poll() is None, "make dev exited while starting"
+        assert time.monotonic() < deadline, "make dev did not come up"
+        time.sleep(0.2)
+
+    seeded = subprocess.run(
+        [sys.executable, "-m", "fleet_core.seed"],
+        env={**env, "FLEET_SEED_API": api},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    key = next(
+        line.split("=", 1)[1] for line in seeded.stdout.splitlines() if "export KEY=" in line
+    )
+    with openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0) as client:
+        reply = client.chat.completions.create(
+            model="qwen", messages=[{"role": "user", "content": "hello"}]
+        )
+        assert reply.choices[0].message.content
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{gateway}/v1", api_key="fk_wrong", max_retries=0).models.list()
+
+    assert (workdir / ".dev" / "postgres" / "data" / "PG_VERSION").is_file()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+    for port in ("FLEET_DEV_PG_PORT", "FLEET_DEV_REDIS_PORT", "FLEET_DEV_API_PORT"):
+        assert not _answers_tcp(int(env[port])), f"{port} still served after SIGTERM"
+
+
+def _answers_tcp(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,93 @@
+"""``make seed``: a demo tenant, project, API key, budget rule and model rates, through the API.
+
+Talks to the control plane at FLEET_SEED_API (default http://127.0.0.1:8081, where ``make dev``
+runs it) like any client would, so it also works against a deployed control plane. Running it
+again keeps what exists and issues a fresh key (a key's secret is shown once, when it is made).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+__all__ = ["main"]
+
+TENANT = "demo"
+PROJECT = "demo/default"
+RATES = {
+    "Qwen/Qwen2.5-7B-Instruct": {"inputFresh": 200, "inputCached": 20, "output": 800},
+    "gemma-3-270m": {"inputFresh": 20, "inputCached": 2, "output": 80},
+}
+
+
+class SeedError(Exception):
+    pass
+
+
+def _call(api: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"{api}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 409:
+            return None  # already there
+        detail = json.load(exc).get("error", {}).get("message", exc.reason)
+        raise SeedError(f"{method} {path}: {exc.code} {detail}") from None
+    except OSError as exc:
+        raise SeedError(
+            f"cannot reach the control plane at {api} ({exc}); start it with `make dev` or set "
+            "FLEET_SEED_API"
+        ) from None
+
+
+def seed(api: str) -> str:
+    _call(api, "POST", "/api/v1/tenants", {"id": TENANT, "name": "Demo", "requestLimit": 600})
+    _call(api, "POST", "/api/v1/projects", {"tenantId": TENANT, "name": "default"})
+    rules = _call(api, "GET", "/api/v1/budget-rules")["data"]
+    if not any(r["scopeId"] == TENANT for r in rules):
+        _call(
+            api,
+            "POST",
+            "/api/v1/budget-rules",
+            {
+                "scopeKind": "tenant",
+                "scopeId": TENANT,
+                "dimension": "tokens_total",
+                "limit": 1_000_000,
+                "window": "1d",
+            },
+        )
+    for model, rates in RATES.items():
+        _call(api, "PUT", f"/api/v1/model-rates/{model}", rates)
+    issued = _call(api, "POST", "/api/v1/keys", {"projectId": PROJECT, "label": "make seed"})
+    secret: str = issued["secret"]
+    return secret
+
+
+def main() -> None:
+    api = os.environ.get("FLEET_SEED_API", "http://127.0.0.1:8081").rstrip("/")
+    try:
+        secret = seed(api)
+    except SeedError as exc:
+        print(f"make seed: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print(
+        f"""Seeded tenant {TENANT!r}, project {PROJECT!r}, a 1M tokens/day budget rule and rates.
+API key (shown once): {secret}
+  export KEY={secret}
+  curl -s http://127.0.0.1:8080/v1/chat/completions -H "Authorization: Bearer $KEY" \\
+    -H 'content-type: application/json' \\
+    -d '{{"model": "qwen", "messages": [{{"role": "user", "content": "hello"}}]}}'"""
+    )
+
+
+if __name__ == "__main__":
+    main()
