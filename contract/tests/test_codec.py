@@ -10,8 +10,7 @@ import jsonschema
 import pytest
 
 import fleet_contract as fc
-
-from . import v1_reader
+from fleet_testing import contract_v1_reader as v1_reader
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SNAPSHOT_V1 = Path(__file__).parents[1] / "schemas" / "inventory-v1.0.0.json"
