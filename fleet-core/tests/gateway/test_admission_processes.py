@@ -76,9 +76,23 @@ def gateways(tmp_path: Path, redis_url: str, redis_prefix: str) -> Gateways:
                 **env,
             }
             with contextlib.ExitStack() as stack:
-                yield [stack.enter_context(gateway_process(config, full)) for _ in range(count)]
+                urls = [stack.enter_context(gateway_process(config, full)) for _ in range(count)]
+                # gateway_process waits synchronously, which stalls this loop and the stub engine
+                # it serves: a health check landing then ejects the engine. Start once every
+                # gateway has seen it ready again.
+                await until_ready(urls)
+                yield urls
 
     return start
+
+
+async def until_ready(urls: list[str], within_s: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within_s
+    async with httpx.AsyncClient() as http:
+        for url in urls:
+            while (await http.get(f"{url}/readyz")).status_code != 200:
+                assert asyncio.get_running_loop().time() < deadline, f"{url} never became ready"
+                await asyncio.sleep(0.05)
 
 
 async def chat(http: httpx.AsyncClient, url: str, max_tokens: int) -> int:
