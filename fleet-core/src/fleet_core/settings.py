@@ -67,6 +67,8 @@ class DatabaseModeSettings:
     """Reload keys/limits/rules this often even without a notification (FLEET_CATALOG_POLL_S)."""
     budget_refresh_s: float = 1.0
     """How often budget rules' usage is re-read from the rollups (FLEET_BUDGET_REFRESH_S)."""
+    key_usage_interval_s: float = 5.0
+    """How often the keys seen are written as ``last_used_at`` (one UPDATE for all of them)."""
 
 
 @dataclass(frozen=True)

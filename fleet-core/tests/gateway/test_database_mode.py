@@ -106,6 +106,7 @@ async def start_fleet(
                 spool_path=tmp_path / "spool" / "ledger.jsonl",
                 catalog_poll_s=0.5,
                 budget_refresh_s=0.2,
+                key_usage_interval_s=0.2,
             )
             config = {"upstreams": [{"id": MODEL, "model": MODEL, "base_url": engine.url}]}
             gateway = await start_gateway(config, database=database)
@@ -177,6 +178,14 @@ async def test_a_key_issued_by_the_control_plane_is_served_and_billed(
     assert endpoint.startswith("http://127.0.0.1:")
     assert (prompt, completion) == (reply.usage.prompt_tokens, reply.usage.completion_tokens)
     assert units == prompt * 1000 + completion * 4000  # micro-units: tokens × units per 1M
+
+    async def last_used() -> bool:
+        keys = await fleet.call({"_method": "GET", "_path": "/api/v1/keys"}, status=200)
+        (key,) = keys["data"]
+        assert "secret" not in key
+        return key["lastUsedAt"] is not None
+
+    await until(last_used, within_s=CHANGE_DEADLINE_S)
 
     with pytest.raises(openai.AuthenticationError):
         await fleet.sdk("fk_not-a-key").chat.completions.create(model=MODEL, messages=MSG)  # type: ignore[arg-type]

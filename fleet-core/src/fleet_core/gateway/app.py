@@ -83,7 +83,7 @@ async def open_database_mode(
     async with open_pool(settings.url) as pool:
         async with pool.connection() as conn:
             catalog = await load_catalog(conn)
-        key_usage = KeyUsage(pool)
+        key_usage = KeyUsage(pool, interval_s=settings.key_usage_interval_s)
         directory = CatalogDirectory(
             catalog, default_max_tokens=default_max_tokens, on_seen=key_usage.seen
         )
