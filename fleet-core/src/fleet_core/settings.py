@@ -173,11 +173,19 @@ def database_mode_from_env(env: Mapping[str, str]) -> DatabaseModeSettings | Non
 def from_env(env: Mapping[str, str], config: GatewayConfig) -> GatewaySettings:
     """Settings from ``env`` (FLEET_* variables) on top of a loaded fleet.yaml."""
     database = database_mode_from_env(env)
+    control_plane_url = env.get("FLEET_CONTROL_PLANE_URL") or None
+    for upstream in config.upstreams:
+        if (upstream.tokenizer or "").startswith("registry:") and not control_plane_url:
+            raise ConfigError(
+                f"upstream {upstream.id!r} takes its tokenizer from the registry "
+                f"({upstream.tokenizer}) but FLEET_CONTROL_PLANE_URL is not set: set it to the "
+                "control plane's URL"
+            )
     return GatewaySettings(
         database=database,
         config=config,
         max_body_bytes=_int(env, "FLEET_MAX_BODY_BYTES", 10 * 1024 * 1024),
-        control_plane_url=env.get("FLEET_CONTROL_PLANE_URL") or None,
+        control_plane_url=control_plane_url,
         shutdown_grace_s=_float(env, "FLEET_SHUTDOWN_GRACE_S", 30.0),
         log=LogSettings(
             format=_choice(env, "FLEET_LOG_FORMAT", "text", ("text", "json")),

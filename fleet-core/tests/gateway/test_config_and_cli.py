@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import msgspec
 import openai
 import pytest
 
@@ -235,3 +236,23 @@ async def test_a_pool_with_a_tokenizer_counts_with_it(
         "method": "tokenizer:tokenizer.json",
     }
     assert record["engine"]["cachedTokens"] == 2  # kept apart from the fresh ones
+
+
+def test_a_missing_tokenizer_file_refuses_to_start(tmp_path: Path) -> None:
+    from fleet_core.gateway.config import GatewayConfig, validate
+
+    config = msgspec.convert(
+        {
+            "upstreams": [
+                {
+                    "id": "m",
+                    "model": "m",
+                    "base_url": "http://127.0.0.1:9",
+                    "tokenizer": str(tmp_path / "missing.json"),
+                }
+            ]
+        },
+        GatewayConfig,
+    )
+    with pytest.raises(ConfigError, match=r"upstreams\[0\] \(m\): tokenizer .* is not a file"):
+        validate(config)

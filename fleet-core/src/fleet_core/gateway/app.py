@@ -39,6 +39,7 @@ from fleet_core.gateway.router import Router
 from fleet_core.gateway.routes import gateway_routes
 from fleet_core.gateway.routing.endpoints import EndpointRegistry
 from fleet_core.gateway.service import GatewayService
+from fleet_core.gateway.tokenizers import RegistryTokenizers, registry_id
 from fleet_core.ledger import LedgerWriter
 from fleet_core.metering.metrics import GatewayMetrics
 from fleet_core.metering.records import FanOut, RingSink, UsageSink
@@ -149,7 +150,18 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
         prefix=settings.admission.redis_prefix,
         on_store_error=settings.admission.on_store_error,
     )
+    tokenizers = (
+        RegistryTokenizers(resources.session, settings.control_plane_url)
+        if settings.control_plane_url
+        else None
+    )
+
+    def registry_tokenizers() -> list[str]:
+        found = (registry_id(pool.tokenizer) for pool in router.current().pools.values())
+        return [model_id for model_id in found if model_id]
+
     service = GatewayService(
+        tokenizers=tokenizers,
         table=router.current,
         proxy=proxy,
         sink=resources.sink,
@@ -168,6 +180,12 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
         tasks = [asyncio.create_task(checker.run(router.current), name="health")]
         if database is not None:
             tasks += database_tasks(database, admission)
+        if tokenizers is not None:
+            with contextlib.suppress(TimeoutError):  # first requests counted right if we can
+                await asyncio.wait_for(tokenizers.fetch(registry_tokenizers()), timeout=5)
+            tasks.append(
+                asyncio.create_task(tokenizers.run(registry_tokenizers), name="tokenizers")
+            )
         if settings.control_plane_url:
             tasks.append(
                 asyncio.create_task(

@@ -91,7 +91,23 @@ def validate(config: GatewayConfig, *, source: str = "fleet.yaml") -> None:
         for fallback in upstream.fallbacks:
             if fallback not in ids or fallback == upstream.id:
                 raise ConfigError(f"{where}: fallbacks names {fallback!r}, not another upstream id")
+        _check_tokenizer(upstream.tokenizer, where)
     _check_names(config, source)
+
+
+def _check_tokenizer(tokenizer: str | None, where: str) -> None:
+    """A file must exist now (not fail the first request); ``registry:<id>`` is fetched later."""
+    if not tokenizer:
+        return
+    if tokenizer.startswith("registry:"):
+        if not tokenizer.removeprefix("registry:"):
+            raise ConfigError(f"{where}: tokenizer 'registry:' needs a model id after the colon")
+        return
+    if not Path(tokenizer).is_file():
+        raise ConfigError(
+            f"{where}: tokenizer {tokenizer!r} is not a file; give a tokenizer.json path or "
+            "registry:<model id>"
+        )
 
 
 def _check_url(url: str, where: str) -> None:

@@ -22,6 +22,7 @@ from fleet_core.errors import FleetError, UpstreamError
 from fleet_core.gateway.proxy import Opened, Proxy
 from fleet_core.gateway.relay import StreamMeter, relay_frames
 from fleet_core.gateway.routing.table import Pool, RoutingTable
+from fleet_core.gateway.tokenizers import RegistryTokenizers, registry_id
 from fleet_core.gateway.wire import Kind, ParsedRequest, StreamChunk, prompt_text
 from fleet_core.metering.counting import Counter, load_counter
 from fleet_core.metering.records import EngineUsage, GatewayCount, Outcome, UsageRecord, UsageSink
@@ -80,6 +81,7 @@ class GatewayService:
         sink: UsageSink,
         admission: Admission,
         metrics: RequestMetrics,
+        tokenizers: RegistryTokenizers | None = None,
     ) -> None:
         self._table = table
         self._proxy = proxy
@@ -87,11 +89,19 @@ class GatewayService:
         self._admission = admission
         self._metrics = metrics
         self._counters: dict[str | None, Counter] = {}
+        self._tokenizers = tokenizers
 
     def counter(self, pool: Pool) -> Counter:
-        if pool.tokenizer not in self._counters:
-            self._counters[pool.tokenizer] = load_counter(pool.tokenizer)
-        return self._counters[pool.tokenizer]
+        model_id = registry_id(pool.tokenizer)
+        if model_id is not None:  # loaded in the background; the estimate until then
+            found = self._tokenizers.get(model_id) if self._tokenizers else None
+            return found or self.counter_for(None)
+        return self.counter_for(pool.tokenizer)
+
+    def counter_for(self, tokenizer: str | None) -> Counter:
+        if tokenizer not in self._counters:
+            self._counters[tokenizer] = load_counter(tokenizer)
+        return self._counters[tokenizer]
 
     def begin(
         self,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ESTIMATE", "Counter", "estimate_tokens", "load_counter"]
+__all__ = ["ESTIMATE", "Counter", "counter_from_json", "estimate_tokens", "load_counter"]
 
 log = logging.getLogger("fleet.metering")
 
@@ -44,3 +44,19 @@ def load_counter(tokenizer_path: str | None) -> Counter:
         return len(tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
 
     return Counter(f"tokenizer:{Path(tokenizer_path).name}", count)
+
+
+def counter_from_json(name: str, tokenizer_json: str) -> Counter:
+    """A counter from a ``tokenizer.json`` document (the registry serves them); ValueError if it
+    does not load."""
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_str(tokenizer_json)
+    except Exception as exc:  # the tokenizers package raises plain Exception on bad input
+        raise ValueError(f"not a tokenizer.json: {exc}") from exc
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+
+    return Counter(f"tokenizer:{name}", count)
