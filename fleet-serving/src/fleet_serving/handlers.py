@@ -1,0 +1,168 @@
+"""kopf handlers: reconcile FleetModels, and feed the cluster view from watches.
+
+Handlers are registered on a registry built by :func:`build_registry` (no module-level
+decorators, so importing this module starts nothing), and take their dependencies from kopf's
+``memo`` (:class:`Deps`). Decisions are delegated to pure modules (rendering, profiles, placement,
+statuses); the only I/O here goes through :class:`fleet_serving.kube.Kube`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+import msgspec
+
+from fleet_serving import observing, profiles, rendering, statuses
+from fleet_serving.errors import InvalidSpec, KubernetesError
+from fleet_serving.kube import Kube
+from fleet_serving.spec import GROUP, PLURAL, VERSION, decode_spec
+from fleet_serving.view import ClusterView, Key
+
+__all__ = ["Deps", "build_registry"]
+
+_MANAGED: dict[str, Any] = {
+    "app.kubernetes.io/managed-by": "fleet-serving",
+    rendering.MODEL_LABEL: kopf.PRESENT,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Deps:
+    """What handlers need, handed to kopf as ``memo`` (kopf shallow-copies it per object)."""
+
+    view: ClusterView
+    kube: Kube
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _temporary(exc: KubernetesError) -> kopf.TemporaryError:
+    return kopf.TemporaryError(str(exc), delay=5 if exc.status in (409, 0) else 15)
+
+
+async def publish_status(deps: Deps, key: Key) -> None:
+    """Write a model's status if what we would write differs from what it has."""
+    seen = deps.view.models.get(key)
+    observation = deps.view.observe(key)
+    if seen is None or observation is None:
+        return
+    status = statuses.decide(observation, previous=seen.status, now=_now())
+    if status == seen.status:
+        return
+    try:
+        await deps.kube.patch_status(key[0], key[1], msgspec.to_builtins(status))
+    except KubernetesError as exc:
+        if exc.status != 404:  # a deleted model needs no status
+            raise _temporary(exc) from exc
+
+
+async def reconcile(body: kopf.Body, deps: Deps, logger: Any) -> None:
+    """Bring the Deployment and Service of one FleetModel to their desired state."""
+    seen = deps.view.put_model(body, deleted=False)
+    assert seen is not None
+    key = (seen.namespace, seen.name)
+    try:
+        spec = decode_spec(body.get("spec") or {})
+        profile = profiles.check(spec)
+    except InvalidSpec:
+        await publish_status(deps, key)  # Failed, with the reason
+        raise
+    owner = rendering.Owner(name=seen.name, namespace=seen.namespace, uid=body.metadata.uid or "")
+    try:
+        for desired in (
+            rendering.deployment(owner, spec, profile),
+            rendering.service(owner, profile),
+        ):
+            done = await deps.kube.ensure(desired)
+            if done != "unchanged":
+                logger.info(f"{desired['kind']} {done}")
+    except KubernetesError as exc:
+        raise _temporary(exc) from exc
+    await publish_status(deps, key)
+
+
+def _model_of(body: kopf.Body) -> Key:
+    return (body.metadata.namespace or "default", body.metadata.labels[rendering.MODEL_LABEL])
+
+
+async def _refresh_all(deps: Deps) -> None:
+    for key in list(deps.view.models):
+        await publish_status(deps, key)
+
+
+def build_registry(*, resync_seconds: float = 60.0) -> kopf.OperatorRegistry:
+    """A registry holding every handler of the operator."""
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Keep kopf's bookkeeping in our own annotations: the structural schema prunes status.kopf.
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        settings.persistence.finalizer = f"{GROUP}/resync"
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
+    async def fleetmodel_changed(body: kopf.Body, memo: Deps, logger: Any, **_: Any) -> None:
+        try:
+            await reconcile(body, memo, logger)
+        except InvalidSpec as exc:
+            raise kopf.PermanentError(str(exc)) from exc  # retried only when the spec changes
+
+    @kopf.timer(
+        GROUP,
+        VERSION,
+        PLURAL,
+        interval=resync_seconds,
+        initial_delay=resync_seconds,
+        registry=registry,
+    )
+    async def fleetmodel_resync(body: kopf.Body, memo: Deps, logger: Any, **_: Any) -> None:
+        """Catch missed events and correct drift on owned objects."""
+        # An invalid spec already has its status; failing the timer would stop it for good.
+        with contextlib.suppress(InvalidSpec):
+            await reconcile(body, memo, logger)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def fleetmodel_seen(body: kopf.Body, type: str | None, memo: Deps, **_: Any) -> None:
+        seen = memo.view.put_model(body, deleted=type == "DELETED")
+        if seen is not None:
+            await publish_status(memo, (seen.namespace, seen.name))
+
+    @kopf.on.event("v1", "nodes", registry=registry)
+    async def node_seen(body: kopf.Body, type: str | None, memo: Deps, **_: Any) -> None:
+        if memo.view.put_node(body, deleted=type == "DELETED"):
+            await _refresh_all(memo)
+
+    @kopf.on.event("apps", "v1", "deployments", labels=_MANAGED, registry=registry)
+    async def deployment_seen(body: kopf.Body, type: str | None, memo: Deps, **_: Any) -> None:
+        key = _model_of(body)
+        if memo.view.put_deployment(key, body, deleted=type == "DELETED"):
+            await publish_status(memo, key)
+
+    @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=_MANAGED, registry=registry)
+    async def slice_seen(body: kopf.Body, type: str | None, memo: Deps, **_: Any) -> None:
+        model = _model_of(body)
+        key = (model[0], body.metadata.name or "")
+        if memo.view.put_slice(key, model[1], body, deleted=type == "DELETED"):
+            await publish_status(memo, model)
+
+    @kopf.on.event("v1", "pods", labels=_MANAGED, registry=registry)
+    async def pod_seen(body: kopf.Body, type: str | None, memo: Deps, **_: Any) -> None:
+        key = _model_of(body)
+        gone = type == "DELETED"
+        message = None if gone else observing.unschedulable_message(body)
+        if memo.view.put_pod(key, body.metadata.name or "", message):
+            await publish_status(memo, key)
+
+    return registry

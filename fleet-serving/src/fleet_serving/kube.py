@@ -1,0 +1,112 @@
+"""The one module that talks to the Kubernetes API (besides kopf's own watching).
+
+It reads, creates and merge-patches the objects the operator owns, and writes FleetModel status.
+kubernetes-asyncio's exceptions are translated here, and only here, into
+:class:`fleet_serving.errors.KubernetesError`. Objects stay plain dicts: the renderers make dicts,
+and the comparison that decides whether to patch (:func:`drifted`) is pure.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from fleet_serving.errors import Conflict, KubernetesError
+from fleet_serving.spec import GROUP, PLURAL, VERSION
+
+__all__ = ["Kube", "drifted", "object_path"]
+
+logger = logging.getLogger(__name__)
+
+_MERGE = "application/merge-patch+json"
+_COLLECTIONS = {
+    ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
+    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
+    (f"{GROUP}/{VERSION}", "FleetModel"): f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}",
+}
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    """The REST path of a collection, or of one object when ``name`` is given."""
+    base = _COLLECTIONS[(api_version, kind)].format(ns=namespace)
+    return f"{base}/{name}" if name else base
+
+
+def drifted(desired: Any, actual: Any) -> bool:
+    """True when ``actual`` lacks or differs in any field ``desired`` sets.
+
+    Fields only the cluster sets (defaults, status, uid) are ignored: desired is compared as a
+    subset, so a correct object is never patched and a hand-edited one always is.
+    """
+    if desired in ({}, []) and actual is None:
+        return False  # the API server omits empty lists and maps
+    if isinstance(desired, Mapping):
+        if not isinstance(actual, Mapping):
+            return True
+        return any(drifted(v, actual.get(k)) for k, v in desired.items())
+    if isinstance(desired, list):
+        if not isinstance(actual, list) or len(actual) != len(desired):
+            return True
+        return any(drifted(d, a) for d, a in zip(desired, actual, strict=True))
+    return bool(desired != actual)
+
+
+class Kube:
+    """Thin access to the API through one kubernetes-asyncio ``ApiClient``."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+
+    async def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = _MERGE if method == "PATCH" else "application/json"
+        try:
+            result = await self.api.call_api(
+                path,
+                method,
+                header_params=headers,
+                body=body,
+                response_types_map={200: "object", 201: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
+        except ApiException as exc:
+            kind = Conflict if exc.status == 409 else KubernetesError
+            raise kind(f"{method} {path}: {exc.status} {exc.reason}", status=exc.status) from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise KubernetesError(f"{method} {path}: {exc}", status=0) from exc
+        return dict(result or {})
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        """The object at ``path``, or None when it does not exist."""
+        try:
+            return await self._call("GET", path)
+        except KubernetesError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def ensure(self, desired: Mapping[str, Any]) -> str:
+        """Create ``desired`` or patch it back into shape; returns what was done."""
+        meta = desired["metadata"]
+        kind, version = desired["kind"], desired["apiVersion"]
+        path = object_path(version, kind, meta["namespace"], meta["name"])
+        actual = await self.get(path)
+        if actual is None:
+            await self._call("POST", object_path(version, kind, meta["namespace"]), desired)
+            return "created"
+        if not drifted(desired, actual):
+            return "unchanged"
+        await self._call("PATCH", path, desired)
+        return "patched"
+
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch a FleetModel's status subresource."""
+        path = object_path(f"{GROUP}/{VERSION}", "FleetModel", namespace, name) + "/status"
+        await self._call("PATCH", path, {"status": dict(status)})

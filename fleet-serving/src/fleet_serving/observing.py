@@ -1,0 +1,130 @@
+"""Reading cluster objects into typed facts: nodes with GPUs, ready endpoints, unschedulable pods.
+
+Kubernetes objects arrive as dicts from watches; these pure functions are the only place that
+knows their field paths (capacity, NVIDIA GPU feature-discovery labels, EndpointSlice conditions).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from fleet_contract import Endpoint, Gpu, MigSlice, Node, NodeLabels
+
+__all__ = [
+    "ObservedNode",
+    "observe_node",
+    "ready_count",
+    "slice_endpoints",
+    "unschedulable_message",
+]
+
+GPU = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+_LABEL_PRODUCT = "nvidia.com/gpu.product"
+_LABEL_MEMORY = "nvidia.com/gpu.memory"
+_LABEL_MAJOR = "nvidia.com/gpu.compute.major"
+_LABEL_MINOR = "nvidia.com/gpu.compute.minor"
+_INT = re.compile(r"^[0-9]+$")
+
+
+class ObservedNode(msgspec.Struct, kw_only=True, frozen=True):
+    """A node as the contract reports it, plus what placement needs (all labels, GPU count)."""
+
+    node: Node
+    labels: dict[str, str]
+    gpus: int
+    compute: tuple[int, int] | None
+
+
+def _count(value: Any) -> int:
+    """A whole-number quantity (``"8"``); anything fractional or odd counts as none."""
+    text = str(value)
+    return int(text) if _INT.match(text) else 0
+
+
+def _compute(labels: Mapping[str, str]) -> tuple[int, int] | None:
+    major, minor = labels.get(_LABEL_MAJOR, ""), labels.get(_LABEL_MINOR, "")
+    if _INT.match(major) and _INT.match(minor):
+        return int(major), int(minor)
+    return None
+
+
+def _gpus(allocatable: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[Gpu, ...]:
+    count = _count(allocatable.get(GPU, 0))
+    slices = tuple(
+        MigSlice(profile=key.removeprefix(MIG_PREFIX), count=_count(value))
+        for key, value in sorted(allocatable.items())
+        if key.startswith(MIG_PREFIX) and len(key) > len(MIG_PREFIX)
+    )
+    if not count and not slices:
+        return ()
+    compute = _compute(labels)
+    gpu = Gpu(
+        vendor="nvidia",
+        product=labels.get(_LABEL_PRODUCT) or "unknown",
+        memory_mib=_count(labels.get(_LABEL_MEMORY, 0)),
+        count=count,
+        compute_capability=f"{compute[0]}.{compute[1]}" if compute else None,
+        mig_slices=slices,
+    )
+    return (gpu,)
+
+
+def observe_node(obj: Mapping[str, Any]) -> ObservedNode:
+    """A Node object as facts; GPUs from allocatable (else capacity) and GFD labels."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    labels: dict[str, str] = dict(meta.get("labels") or {})
+    allocatable = status.get("allocatable") or status.get("capacity") or {}
+    conditions = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    node = Node(
+        name=meta["name"],
+        ready=ready,
+        schedulable=not (obj.get("spec") or {}).get("unschedulable", False),
+        labels=NodeLabels(
+            zone=labels.get("topology.kubernetes.io/zone"),
+            instance_type=labels.get("node.kubernetes.io/instance-type"),
+        ),
+        gpus=_gpus(allocatable, labels),
+    )
+    gpus = _count(allocatable.get(GPU, 0))
+    return ObservedNode(node=node, labels=labels, gpus=gpus, compute=_compute(labels))
+
+
+def slice_endpoints(obj: Mapping[str, Any]) -> tuple[Endpoint, ...]:
+    """Pod URLs of an EndpointSlice (P3: the gateway picks pods), ready or not."""
+    ports = [p for p in obj.get("ports") or [] if p.get("port")]
+    port = next((p["port"] for p in ports if p.get("name") == "http"), None)
+    if port is None and ports:
+        port = ports[0]["port"]
+    if port is None:
+        return ()
+    found = []
+    for endpoint in obj.get("endpoints") or []:
+        ready = (endpoint.get("conditions") or {}).get("ready") is not False
+        for address in endpoint.get("addresses") or []:
+            host = f"[{address}]" if ":" in address else address
+            found.append(Endpoint(url=f"http://{host}:{port}", ready=ready))
+    return tuple(found)
+
+
+def ready_count(deployment: Mapping[str, Any]) -> tuple[int, int]:
+    """(desired, ready) replicas of a Deployment."""
+    spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
+    return int(spec.get("replicas", 1)), int(status.get("readyReplicas") or 0)
+
+
+def unschedulable_message(pod: Mapping[str, Any]) -> str | None:
+    """The scheduler's message when a pod is Unschedulable, else None."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            return str(condition.get("message") or "the scheduler found no node for this pod")
+    return None

@@ -1,0 +1,100 @@
+"""Engine profiles: what each inference engine accepts, needs, and how it is started.
+
+vLLM serves safetensors and needs a GPU of compute capability 7.5 or better; llama.cpp's
+``llama-server`` serves GGUF and runs anywhere. A spec that pairs an engine with the other's weight
+format is refused here, with the reason the FleetModel's status shows. Pure functions only.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from fleet_contract import Engine, WeightFormat
+from fleet_serving.errors import InvalidSpec
+from fleet_serving.spec import FleetModelSpec
+
+__all__ = ["LLAMACPP", "PROFILES", "VLLM", "EngineProfile", "check", "engine_args", "profile_for"]
+
+MODEL_DIR = "/models"
+"""Where an ``s3://`` source is copied before the engine starts."""
+
+
+class EngineProfile(msgspec.Struct, kw_only=True, frozen=True):
+    """One engine's facts; the renderer reads nothing else about engines."""
+
+    engine: Engine
+    weight_format: WeightFormat
+    image: str
+    port: int
+    api_key_env: str
+    """The variable the engine reads its API key from (never a flag: argv is world-readable)."""
+    min_compute: tuple[int, int] | None
+    health_path: str = "/health"
+    min_gpus: int = 0
+
+
+VLLM = EngineProfile(
+    engine="vllm",
+    weight_format="safetensors",
+    image="vllm/vllm-openai:v0.11.0",
+    port=8000,
+    api_key_env="VLLM_API_KEY",
+    min_compute=(7, 5),
+    min_gpus=1,
+)
+LLAMACPP = EngineProfile(
+    engine="llamacpp",
+    weight_format="gguf",
+    image="ghcr.io/ggml-org/llama.cpp:server",
+    port=8080,
+    api_key_env="LLAMA_API_KEY",
+    min_compute=None,
+)
+PROFILES: dict[str, EngineProfile] = {p.engine: p for p in (VLLM, LLAMACPP)}
+
+
+def profile_for(engine: Engine) -> EngineProfile:
+    """The profile of an engine (the spec type admits only known engines)."""
+    return PROFILES[engine]
+
+
+def check(spec: FleetModelSpec) -> EngineProfile:
+    """The spec's profile, or :class:`InvalidSpec` saying why this engine cannot serve it."""
+    profile = profile_for(spec.engine)
+    if spec.weight_format != profile.weight_format:
+        raise InvalidSpec(
+            f"{profile.engine} serves {profile.weight_format}; this model is {spec.weight_format}"
+        )
+    if spec.gpus_per_replica < profile.min_gpus:
+        raise InvalidSpec(f"{profile.engine} needs at least {profile.min_gpus} GPU per replica")
+    return profile
+
+
+def _model_args(spec: FleetModelSpec, profile: EngineProfile) -> list[str]:
+    source = spec.source
+    if profile.engine == "vllm":
+        if source.hugging_face is not None:
+            hf = source.hugging_face
+            return ["--model", hf.repo, "--revision", hf.revision]
+        return ["--model", MODEL_DIR if source.uri else str(source.registry)]
+    if source.hugging_face is not None:
+        return ["--hf-repo", source.hugging_face.repo]
+    if source.uri is not None:
+        return ["--model", f"{MODEL_DIR}/model.gguf"]
+    return ["--hf-repo", str(source.registry)]
+
+
+def engine_args(spec: FleetModelSpec, profile: EngineProfile) -> list[str]:
+    """The engine's arguments: model, name, port, parallelism, then the user's own."""
+    args = _model_args(spec, profile)
+    if profile.engine == "vllm":
+        args += ["--served-model-name", spec.served_model_name]
+        args += ["--host", "0.0.0.0", "--port", str(profile.port)]
+        if spec.gpus_per_replica > 1:
+            args += ["--tensor-parallel-size", str(spec.gpus_per_replica)]
+    else:
+        args += ["--alias", spec.served_model_name, "--metrics"]
+        args += ["--host", "0.0.0.0", "--port", str(profile.port)]
+        if spec.gpus_per_replica > 0:
+            args += ["--n-gpu-layers", "999"]
+    return args + list(spec.engine_args)

@@ -1,0 +1,204 @@
+"""Desired objects for a FleetModel: pure functions from a spec to Kubernetes dicts.
+
+Nothing here talks to an API, reads a clock or the environment, so every field is unit-tested.
+The renderers produce the whole desired state of what the operator owns (a Deployment and a
+Service per FleetModel); :mod:`fleet_serving.reconciling` compares it with what is in the cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from fleet_serving import profiles
+from fleet_serving.profiles import EngineProfile
+from fleet_serving.spec import GROUP, KIND, VERSION, FleetModelSpec
+
+__all__ = [
+    "MODEL_LABEL",
+    "Owner",
+    "common_labels",
+    "deployment",
+    "gpu_affinity",
+    "service",
+]
+
+MODEL_LABEL = f"{GROUP}/model"
+"""Set on every object the operator makes; its value is the FleetModel's name."""
+GPU_RESOURCE = "nvidia.com/gpu"
+COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"
+COMPUTE_MINOR = "nvidia.com/gpu.compute.minor"
+Obj = dict[str, Any]
+
+
+class Owner(msgspec.Struct, kw_only=True, frozen=True):
+    """The FleetModel that owns what is rendered (for ownerReferences and names)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+def common_labels(name: str) -> dict[str, str]:
+    """Labels on every owned object: the selector, plus the recommended app.kubernetes.io set."""
+    return {
+        "app.kubernetes.io/name": "fleet-model",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "fleet-serving",
+        MODEL_LABEL: name,
+    }
+
+
+def _metadata(owner: Owner) -> Obj:
+    reference = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    return {
+        "name": owner.name,
+        "namespace": owner.namespace,
+        "labels": common_labels(owner.name),
+        "ownerReferences": [reference],
+    }
+
+
+def gpu_affinity(minimum: tuple[int, int]) -> Obj:
+    """Required node affinity to GPUs of compute capability ≥ ``minimum`` (GFD node labels).
+
+    Node selector terms are ORed and a term's expressions ANDed: major > M, or major = M and
+    minor ≥ m. ``Gt`` is strict, hence ``m - 1``.
+    """
+    major, minor = minimum
+    above = {"key": COMPUTE_MAJOR, "operator": "Gt", "values": [str(major)]}
+    same = {"key": COMPUTE_MAJOR, "operator": "In", "values": [str(major)]}
+    enough = {"key": COMPUTE_MINOR, "operator": "Gt", "values": [str(minor - 1)]}
+    terms = [{"matchExpressions": [above]}, {"matchExpressions": [same, enough]}]
+    required = {"nodeSelectorTerms": terms}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+
+
+def _resources(spec: FleetModelSpec) -> Obj:
+    requests: dict[str, str] = dict(spec.resources.requests)
+    limits: dict[str, str] = dict(spec.resources.limits)
+    if spec.gpus_per_replica:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(spec.gpus_per_replica)
+    return {k: v for k, v in {"requests": requests, "limits": limits}.items() if v}
+
+
+def _probes(profile: EngineProfile) -> Obj:
+    check = {"httpGet": {"path": profile.health_path, "port": "http"}}
+    return {
+        # Loading weights can take many minutes; the startup probe holds the others off.
+        "startupProbe": check | {"periodSeconds": 10, "failureThreshold": 180},
+        "readinessProbe": check | {"periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": check | {"periodSeconds": 15, "failureThreshold": 4},
+    }
+
+
+def _container(owner: Owner, spec: FleetModelSpec, profile: EngineProfile) -> Obj:
+    secret = spec.api_key_secret
+    key_ref = {
+        "name": secret.name if secret else f"{owner.name}-api-key",
+        "key": secret.key if secret else "api-key",
+    }
+    return {
+        "name": "engine",
+        "image": spec.image or profile.image,
+        "args": profiles.engine_args(spec, profile),
+        "ports": [{"name": "http", "containerPort": profile.port, "protocol": "TCP"}],
+        "env": [{"name": profile.api_key_env, "valueFrom": {"secretKeyRef": key_ref}}],
+        "resources": _resources(spec),
+        "volumeMounts": [
+            {"name": "models", "mountPath": profiles.MODEL_DIR},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
+    } | _probes(profile)
+
+
+def _fetcher(spec: FleetModelSpec) -> list[Obj]:
+    """An init container copying an ``s3://`` source into the shared model volume."""
+    if spec.source.uri is None:
+        return []
+    if spec.weight_format == "gguf":
+        target, extra = f"{profiles.MODEL_DIR}/model.gguf", []
+    else:
+        target, extra = profiles.MODEL_DIR, ["--recursive"]
+    command = ["aws", "s3", "cp", spec.source.uri, target, *extra]
+    mounts = [{"name": "models", "mountPath": profiles.MODEL_DIR}]
+    return [{"name": "fetch-weights", "image": "amazon/aws-cli:2", "args": command[1:]}
+            | {"volumeMounts": mounts}]  # fmt: skip
+
+
+def _tolerations(spec: FleetModelSpec) -> list[Obj]:
+    given = [
+        {k: v for k, v in msgspec.to_builtins(t).items() if v is not None} for t in spec.tolerations
+    ]
+    if spec.gpus_per_replica:
+        given.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    return given
+
+
+def _pod_spec(owner: Owner, spec: FleetModelSpec, profile: EngineProfile) -> Obj:
+    pod: Obj = {
+        "containers": [_container(owner, spec, profile)],
+        "initContainers": _fetcher(spec),
+        "volumes": [
+            {"name": "models", "emptyDir": {}},
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        ],
+        "nodeSelector": dict(spec.node_selector),
+        "tolerations": _tolerations(spec),
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+    }
+    if profile.min_compute is not None:
+        pod["affinity"] = gpu_affinity(profile.min_compute)
+    # The API server drops empty lists and maps; rendering them would look like drift forever.
+    return {k: v for k, v in pod.items() if v != [] and v != {}}
+
+
+def deployment(owner: Owner, spec: FleetModelSpec, profile: EngineProfile) -> Obj:
+    """The Deployment running ``spec.replicas`` engine pods."""
+    labels = common_labels(owner.name)
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(profile.port),
+        "prometheus.io/path": "/metrics",
+    }
+    # GPUs are scarce: replace a pod before starting its successor rather than needing spares.
+    strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": {MODEL_LABEL: owner.name}},
+            "strategy": strategy,
+            "template": {
+                "metadata": {"labels": labels, "annotations": annotations},
+                "spec": _pod_spec(owner, spec, profile),
+            },
+        },
+    }
+
+
+def service(owner: Owner, profile: EngineProfile) -> Obj:
+    """The Service naming the pods; the gateway reads pod URLs from its EndpointSlices (P3)."""
+    port = {"name": "http", "port": profile.port, "targetPort": "http", "protocol": "TCP"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {MODEL_LABEL: owner.name},
+            "ports": [port],
+            "publishNotReadyAddresses": False,
+        },
+    }

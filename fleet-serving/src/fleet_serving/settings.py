@@ -1,0 +1,101 @@
+"""The operator's settings: one frozen tree, parsed once from the command line in ``main()``.
+
+A command line that cannot work is refused here with one line saying what and how to fix it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
+from urllib.parse import urlsplit
+
+import msgspec
+
+from fleet_serving.errors import ConfigError
+from fleet_serving.reporting import ReporterSettings
+
+__all__ = ["Settings", "parse_args", "parse_duration"]
+
+_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+class Settings(msgspec.Struct, kw_only=True, frozen=True):
+    """Everything ``fleet-serving run`` is configured with."""
+
+    reporter: ReporterSettings
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch for FleetModels; empty means all (cluster-wide)."""
+    liveness: str = "http://0.0.0.0:8080/healthz"
+    """kopf's liveness endpoint, for the Pod's livenessProbe."""
+    resync_seconds: float = 60.0
+    """How often every FleetModel is reconciled again, to catch missed events and drift."""
+    kubeconfig: str | None = None
+    """A kubeconfig path (from ``KUBECONFIG``) used when not running in a cluster."""
+    log_format: str = "json"
+    verbose: bool = False
+
+
+def parse_duration(text: str) -> float:
+    """``30s``, ``2m``, ``500ms``, ``1h`` or plain seconds, as seconds; positive only."""
+    match = _DURATION.match(text.strip())
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration like 30s, 2m or 500ms")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{text!r} is not an http(s) URL like http://fleet-apiserver:8081")
+    return text.rstrip("/")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message} (see --help)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="fleet-serving", description="Fleet's Kubernetes operator.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    run = commands.add_parser("run", help="run the operator")
+    run.add_argument("--report-to", required=True, help="control plane URL for the inventory")
+    run.add_argument("--cluster", default="default", help="this cluster's id in the inventory")
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", action="append", default=[], help="watch only this one")
+    scope.add_argument("--all-namespaces", action="store_true", help="watch all (default)")
+    run.add_argument("--report-interval", default="30s", help="heartbeat period, e.g. 30s")
+    run.add_argument("--resync", default="60s", help="full reconcile period, e.g. 60s")
+    run.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness URL")
+    run.add_argument("--log-format", choices=["json", "plain"], default="json")
+    run.add_argument("--verbose", action="store_true", help="debug-level logs")
+    return parser
+
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
+    """Settings from a command line; :class:`ConfigError` with one line when it cannot work."""
+    args = _parser().parse_args(list(argv))
+    try:
+        reporter = ReporterSettings(
+            url=_url(args.report_to),
+            cluster_id=args.cluster,
+            interval=parse_duration(args.report_interval),
+        )
+        resync = parse_duration(args.resync)
+        _url(args.liveness)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if not args.cluster.strip():
+        raise ConfigError("--cluster must not be empty")
+    return Settings(
+        reporter=reporter,
+        namespaces=tuple(args.namespace),
+        liveness=args.liveness,
+        resync_seconds=resync,
+        kubeconfig=environ.get("KUBECONFIG") or None,
+        log_format=args.log_format,
+        verbose=args.verbose,
+    )

@@ -1,0 +1,145 @@
+"""The FleetModel API types: the single source of truth for the spec, the status and the CRD.
+
+``fleet_serving.crd`` generates the CustomResourceDefinition's OpenAPI schema from these Structs,
+and the handlers decode ``spec`` with them, so the schema the API server enforces and the types
+the operator trusts cannot drift apart (a test regenerates ``deploy/base/crd.yaml`` and compares).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from fleet_contract import Engine, Phase, WeightFormat
+from fleet_serving.errors import InvalidSpec
+
+__all__ = [
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "VERSION",
+    "Condition",
+    "FleetModelSpec",
+    "FleetModelStatus",
+    "HuggingFaceSource",
+    "Resources",
+    "SecretKeyRef",
+    "Source",
+    "Toleration",
+    "decode_spec",
+]
+
+GROUP = "serving.fleet.dev"
+"""The API group (ADR 0005): named after the deployable that owns it, under the project's domain."""
+VERSION = "v1alpha1"
+KIND = "FleetModel"
+PLURAL = "fleetmodels"
+SINGULAR = "fleetmodel"
+SHORT_NAMES = ("fm",)
+
+NonNegative = Annotated[int, Meta(ge=0)]
+Text = Annotated[str, Meta(min_length=1, max_length=253)]
+Quantity = Annotated[str, Meta(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")]
+S3Uri = Annotated[str, Meta(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
+
+
+class HuggingFaceSource(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """A Hugging Face repository, pinned to a revision (a branch, tag or commit)."""
+
+    repo: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")]
+    revision: Text = "main"
+
+
+class Source(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """Where the weights come from: exactly one of the three."""
+
+    registry: Text | None = None
+    """A model id in Fleet's model registry."""
+    hugging_face: HuggingFaceSource | None = None
+    uri: S3Uri | None = None
+    """An ``s3://bucket/prefix`` holding the weights."""
+
+
+class SecretKeyRef(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """A key of a Secret in the FleetModel's namespace."""
+
+    name: Text
+    key: Text = "api-key"
+
+
+class Resources(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """CPU and memory for each replica's container; GPUs come from ``gpusPerReplica``."""
+
+    requests: dict[str, Quantity] = {}
+    limits: dict[str, Quantity] = {}
+
+
+class Toleration(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """A Pod toleration, as Kubernetes spells it."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: NonNegative | None = None
+
+
+class FleetModelSpec(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """What a platform team asks for: a model, an engine, and how many replicas of what size."""
+
+    served_model_name: Text
+    """The name clients send as ``model``; the engine serves under it."""
+    source: Source
+    weight_format: WeightFormat
+    engine: Engine
+    replicas: NonNegative = 1
+    gpus_per_replica: Annotated[int, Meta(ge=0, le=16)] = 1
+    engine_args: list[str] = []
+    """Extra engine flags, appended after the ones the operator sets."""
+    resources: Resources = Resources()
+    node_selector: dict[str, str] = {}
+    tolerations: list[Toleration] = []
+    image: Text | None = None
+    """An engine image to run instead of the profile's default."""
+    api_key_secret: SecretKeyRef | None = None
+    """The Secret holding the engine's API key; default: ``<name>-api-key``, key ``api-key``."""
+
+
+class Condition(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """A Kubernetes-style condition (``Ready``, ``Scheduled``)."""
+
+    type: Text
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+
+
+class FleetModelStatus(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """What the operator observed; written to the status subresource only."""
+
+    phase: Phase = "Pending"
+    reason: str = ""
+    message: str = ""
+    replicas: NonNegative = 0
+    ready_replicas: NonNegative = 0
+    endpoints: list[str] = []
+    observed_generation: NonNegative = 0
+    conditions: list[Condition] = []
+
+
+def decode_spec(spec: Mapping[str, Any]) -> FleetModelSpec:
+    """Validate a FleetModel's spec; the API server checks the schema, this checks the rest."""
+    try:
+        decoded = msgspec.convert(dict(spec), FleetModelSpec)
+    except msgspec.ValidationError as exc:
+        problem, _, where = str(exc).partition(" - at `$")
+        field = "spec" + where.rstrip("`") if where else "spec"
+        raise InvalidSpec(f"{field}: {problem}") from exc
+    chosen = [s for s in ("registry", "hugging_face", "uri") if getattr(decoded.source, s)]
+    if len(chosen) != 1:
+        raise InvalidSpec("spec.source needs exactly one of registry, huggingFace or uri")
+    return decoded

@@ -1,0 +1,76 @@
+"""A FleetModel's status as a pure function of what the operator observed.
+
+Phases: ``Failed`` (the spec can never run: wrong weight format for the engine, …),
+``Scheduling`` (no node can take a replica, or the scheduler says a pod is Unschedulable),
+``Pending`` (placed, not all replicas ready yet), ``Ready`` (every desired replica ready).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import msgspec
+
+from fleet_contract import Phase
+from fleet_serving.spec import Condition, FleetModelStatus
+
+__all__ = ["Observation", "decide"]
+
+
+class Observation(msgspec.Struct, kw_only=True, frozen=True):
+    """Everything the status depends on, gathered by the caller."""
+
+    generation: int
+    spec_error: str | None = None
+    unplaceable: str | None = None
+    unschedulable: str | None = None
+    desired: int = 0
+    ready: int = 0
+    endpoints: tuple[str, ...] = ()
+
+
+def _phase(seen: Observation) -> tuple[Phase, str, str]:
+    if seen.spec_error is not None:
+        return "Failed", "InvalidSpec", seen.spec_error
+    if seen.unplaceable is not None:
+        return "Scheduling", "NoFittingNode", seen.unplaceable
+    if seen.unschedulable is not None:
+        return "Scheduling", "Unschedulable", seen.unschedulable
+    if seen.ready >= seen.desired:
+        return "Ready", "ReplicasReady", f"{seen.ready}/{seen.desired} replicas ready"
+    return "Pending", "Starting", f"{seen.ready}/{seen.desired} replicas ready"
+
+
+def _condition(
+    kind: str, ok: bool, reason: str, message: str, *, previous: Sequence[Condition], now: str
+) -> Condition:
+    status: Literal["True", "False"] = "True" if ok else "False"
+    before = next((c for c in previous if c.type == kind), None)
+    since = before.last_transition_time if before and before.status == status else now
+    return Condition(
+        type=kind, status=status, reason=reason, message=message, last_transition_time=since
+    )
+
+
+def decide(seen: Observation, *, previous: FleetModelStatus, now: str) -> FleetModelStatus:
+    """The status to publish; transition times carry over while a condition holds."""
+    phase, reason, message = _phase(seen)
+    placed = phase in ("Pending", "Ready")
+    old = previous.conditions
+    conditions = [
+        _condition("Ready", phase == "Ready", reason, message, previous=old, now=now),
+        _condition(
+            "Scheduled", placed, reason, message if not placed else "", previous=old, now=now
+        ),
+    ]
+    return FleetModelStatus(
+        phase=phase,
+        reason=reason,
+        message=message,
+        replicas=seen.desired,
+        ready_replicas=seen.ready,
+        endpoints=list(seen.endpoints),
+        observed_generation=seen.generation,
+        conditions=conditions,
+    )

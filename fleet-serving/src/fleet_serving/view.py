@@ -1,0 +1,210 @@
+"""The operator's view of the cluster, fed by watch events and read by status and the report.
+
+Handlers put what they see here (nodes, FleetModels, Deployments, EndpointSlices, unschedulable
+pods); the inventory report and each FleetModel's status are pure functions of a snapshot of it.
+It lives in kopf's memo, one per operator, never in a module global. Every mutation sets
+``changed`` so the reporter wakes up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+import fleet_serving
+from fleet_contract import SCHEMA_VERSION, Endpoint, InventoryReport, ModelDeployment
+from fleet_serving import observing, placement, profiles, statuses
+from fleet_serving.errors import InvalidSpec
+from fleet_serving.observing import ObservedNode
+from fleet_serving.spec import FleetModelSpec, FleetModelStatus, decode_spec
+
+__all__ = ["ClusterView", "ModelView"]
+
+Key = tuple[str, str]
+"""(namespace, name)"""
+
+
+class ModelView(msgspec.Struct, kw_only=True, frozen=True):
+    """A FleetModel as last seen: its decoded spec (or why it is invalid) and published status."""
+
+    name: str
+    namespace: str
+    generation: int
+    spec: FleetModelSpec | None
+    error: str | None
+    status: FleetModelStatus
+
+
+_status_decoder = msgspec.json.Decoder(FleetModelStatus)
+
+
+def model_view(body: Mapping[str, Any]) -> ModelView:
+    """Decode a FleetModel object; an invalid spec is kept with its reason."""
+    meta = body.get("metadata") or {}
+    spec: FleetModelSpec | None = None
+    error: str | None = None
+    try:
+        spec = decode_spec(body.get("spec") or {})
+        profiles.check(spec)
+    except InvalidSpec as exc:
+        error = str(exc)
+    try:
+        status = msgspec.convert(dict(body.get("status") or {}), FleetModelStatus)
+    except msgspec.ValidationError:
+        status = FleetModelStatus()  # someone else's garbage; ours replaces it
+    return ModelView(
+        name=meta["name"],
+        namespace=meta.get("namespace") or "default",
+        generation=int(meta.get("generation") or 0),
+        spec=spec,
+        error=error,
+        status=status,
+    )
+
+
+class ClusterView:
+    """Mutable observed state; one instance per operator process."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, ObservedNode] = {}
+        self.models: dict[Key, ModelView] = {}
+        self.deployments: dict[Key, tuple[int, int]] = {}
+        self.slices: dict[Key, tuple[str, tuple[Endpoint, ...]]] = {}
+        self.unschedulable: dict[Key, dict[str, str]] = {}
+        self.changed = asyncio.Event()
+        self._placements: dict[tuple[Any, ...], str | None] = {}
+        """Placement reasons by what they depend on; cleared when any node changes."""
+
+    def _touch(self, changed: bool) -> bool:
+        if changed:
+            self.changed.set()
+        return changed
+
+    def put_node(self, body: Mapping[str, Any], *, deleted: bool) -> bool:
+        """Record a node; True when what placement and the report see has changed.
+
+        Nodes are modified every few seconds by their kubelet's heartbeat; those events change
+        nothing observed here and must not cost a report or a status refresh.
+        """
+        name = body["metadata"]["name"]
+        before = self.nodes.get(name)
+        if deleted:
+            self.nodes.pop(name, None)
+            after = None
+        else:
+            after = self.nodes[name] = observing.observe_node(body)
+        if before != after:
+            self._placements.clear()
+        return self._touch(before != after)
+
+    def put_model(self, body: Mapping[str, Any], *, deleted: bool) -> ModelView | None:
+        seen = model_view(body)
+        key = (seen.namespace, seen.name)
+        if deleted:
+            self._touch(self.models.pop(key, None) is not None)
+            return None
+        self._touch(self.models.get(key) != seen)
+        self.models[key] = seen
+        return seen
+
+    def put_deployment(self, key: Key, body: Mapping[str, Any], *, deleted: bool) -> bool:
+        before = self.deployments.get(key)
+        if deleted:
+            self.deployments.pop(key, None)
+        else:
+            self.deployments[key] = observing.ready_count(body)
+        return self._touch(before != self.deployments.get(key))
+
+    def put_slice(self, key: Key, model: str, body: Mapping[str, Any], *, deleted: bool) -> bool:
+        before = self.slices.get(key)
+        if deleted:
+            self.slices.pop(key, None)
+        else:
+            self.slices[key] = (model, observing.slice_endpoints(body))
+        return self._touch(before != self.slices.get(key))
+
+    def put_pod(self, model: Key, pod: str, message: str | None) -> bool:
+        """Record a pod's unschedulable message; True when that changed anything."""
+        pods = self.unschedulable.setdefault(model, {})
+        before = pods.get(pod)
+        if message is None:
+            pods.pop(pod, None)
+        else:
+            pods[pod] = message
+        return before != message
+
+    def endpoints(self, key: Key) -> tuple[Endpoint, ...]:
+        """Every pod URL of a model, from all of its EndpointSlices, sorted."""
+        namespace, model = key
+        found = {
+            e.url: e
+            for (ns, _), (owner, eps) in self.slices.items()
+            if ns == namespace and owner == model
+            for e in eps
+        }
+        return tuple(found[url] for url in sorted(found))
+
+    def observe(self, key: Key) -> statuses.Observation | None:
+        """What the status of a model depends on, or None if the model is not known."""
+        seen = self.models.get(key)
+        if seen is None:
+            return None
+        # Desired replicas come from the spec (the Deployment mirrors it, and may not exist yet).
+        _, ready = self.deployments.get(key, (0, 0))
+        valid = seen.spec is not None and seen.error is None
+        desired = seen.spec.replicas if seen.spec is not None and valid else 0
+        reason = self._unplaceable(seen.spec) if seen.spec is not None else None
+        pods = self.unschedulable.get(key) or {}
+        return statuses.Observation(
+            generation=seen.generation,
+            spec_error=seen.error,
+            unplaceable=reason,
+            unschedulable=next(iter(sorted(pods.values())), None),
+            desired=desired,
+            ready=ready,
+            endpoints=tuple(e.url for e in self.endpoints(key) if e.ready),
+        )
+
+    def _unplaceable(self, spec: FleetModelSpec) -> str | None:
+        """Placement over every node is O(nodes); models asking the same thing share the answer."""
+        needs = (spec.engine, spec.gpus_per_replica, tuple(sorted(spec.node_selector.items())))
+        if needs not in self._placements:
+            profile = profiles.profile_for(spec.engine)
+            self._placements[needs] = placement.unplaceable(spec, profile, self.nodes.values())
+        return self._placements[needs]
+
+    def _deployment(self, key: Key, seen: ModelView) -> ModelDeployment | None:
+        if seen.spec is None:
+            return None
+        observation = self.observe(key)
+        assert observation is not None
+        status = statuses.decide(observation, previous=seen.status, now="")
+        return ModelDeployment(
+            name=seen.name,
+            namespace=seen.namespace,
+            served_model_name=seen.spec.served_model_name,
+            engine=seen.spec.engine,
+            weight_format=seen.spec.weight_format,
+            gpus_per_replica=seen.spec.gpus_per_replica,
+            desired_replicas=seen.spec.replicas,
+            ready_replicas=observation.ready,
+            phase=status.phase,
+            reason=status.message if status.phase != "Ready" else "",
+            endpoints=self.endpoints(key),
+        )
+
+    def report(self, *, cluster_id: str, now: datetime) -> InventoryReport:
+        """A full snapshot for ``PUT /api/v1/inventory``."""
+        deployments = [self._deployment(k, m) for k, m in sorted(self.models.items())]
+        return InventoryReport(
+            schema_version=SCHEMA_VERSION,
+            cluster_id=cluster_id,
+            observed_at=now,
+            reporter_version=f"fleet-serving/{fleet_serving.__version__}",
+            nodes=tuple(n.node for _, n in sorted(self.nodes.items())),
+            deployments=tuple(d for d in deployments if d is not None),
+        )

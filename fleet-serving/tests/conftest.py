@@ -1,0 +1,264 @@
+"""Fixtures for the operator's tests: a Kubernetes API (kmock), an inventory sink, the operator.
+
+The operator runs as a real ``fleet-serving run`` process, pointed by a kubeconfig at kmock on
+loopback; it reports to a loopback HTTP server that decodes every PUT with fleet_contract.
+Workarounds for kmock's gaps live in :mod:`kube_emulator` and are named there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import kmock
+import pytest
+import yaml
+from aiohttp import web
+
+import fleet_contract
+from fleet_contract import InventoryReport
+
+from .kube_emulator import FleetKubernetes, declare_resources
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def eventually(check: Callable[[], T | None], *, within: float = 20.0) -> T:
+    """Poll ``check`` until it returns something truthy; fail after ``within`` seconds.
+
+    The operator runs in another process and the fake API has no hook for "the operator did X", so
+    the observable state is polled at a short interval (never a fixed sleep standing in for it).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        result = check()
+        if result:
+            return result
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {within}s")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[FleetKubernetes]:
+    """kmock's Kubernetes emulator on a loopback port, with our resources declared."""
+    async with FleetKubernetes() as k, kmock.Server(k):
+        declare_resources(k)
+        yield k
+
+
+@pytest.fixture
+def kube_url(kube: FleetKubernetes) -> str:
+    return str(kube.servers[0].url).rstrip("/")
+
+
+@pytest.fixture
+def kubeconfig(tmp_path: Path, kube_url: str) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kmock", "cluster": {"server": kube_url}}],
+        "users": [{"name": "test", "user": {"token": "test-token"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}],
+        "current-context": "kmock",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class Sink:
+    """A stand-in control plane: accepts PUT /api/v1/inventory, decoding with the contract."""
+
+    def __init__(self) -> None:
+        self.reports: list[InventoryReport] = []
+        self.failures = 0
+        """Answer the next this-many PUTs with 503, to exercise retries."""
+
+    async def put(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        report = fleet_contract.decode_report(body)  # raises (→ 500) on a contract violation
+        if self.failures:
+            self.failures -= 1
+            return web.json_response({"error": {"message": "down"}}, status=503)
+        self.reports.append(report)
+        return web.json_response({"ok": True})
+
+    def latest(self) -> InventoryReport | None:
+        return self.reports[-1] if self.reports else None
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[tuple[Sink, str]]:
+    state = Sink()
+    app = web.Application()
+    app.router.add_put("/api/v1/inventory", state.put)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    yield state, f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+class Operator:
+    """A running ``fleet-serving run`` process."""
+
+    def __init__(self, process: asyncio.subprocess.Process, log: Path, liveness: str) -> None:
+        self.process = process
+        self.log = log
+        self.liveness = liveness
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+StartOperator = Callable[..., Awaitable[Operator]]
+
+
+@pytest.fixture
+async def start_operator(tmp_path: Path, kubeconfig: Path) -> AsyncIterator[StartOperator]:
+    """Start the operator process against the kmock API; stops it (SIGTERM) at teardown."""
+    started: list[Operator] = []
+
+    async def start(report_to: str, *extra: str) -> Operator:
+        port = free_port()
+        liveness = f"http://127.0.0.1:{port}/healthz"
+        log = tmp_path / f"operator-{len(started)}.log"
+        argv = [sys.executable, "-m", "fleet_serving", "run", f"--report-to={report_to}"]
+        argv += ["--cluster=test", f"--liveness={liveness}", "--log-format=plain", *extra]
+        env = os.environ | {"KUBECONFIG": str(kubeconfig)}
+        with log.open("wb") as out:
+            process = await asyncio.create_subprocess_exec(
+                *argv, stdout=out, stderr=subprocess.STDOUT, env=env
+            )
+        operator = Operator(process, log, liveness)
+        started.append(operator)
+        await _wait_alive(operator)
+        return operator
+
+    yield start
+    for operator in started:
+        operator.process.terminate()
+    for operator in started:
+        try:  # kopf's graceful stop waits for handlers; the tests need not
+            await asyncio.wait_for(operator.process.wait(), timeout=3)
+        except TimeoutError:
+            operator.process.kill()
+            await operator.process.wait()
+        print(
+            f"--- operator log ({operator.log.name}) ---\n{operator.output()}"
+        )  # shown on failure
+
+
+async def _wait_alive(operator: Operator) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(300):
+            if operator.process.returncode is not None:
+                raise AssertionError(f"operator exited:\n{operator.output()}")
+            try:
+                async with session.get(operator.liveness) as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"operator never became alive:\n{operator.output()}")
+
+
+class Api:
+    """A plain HTTP client for the fake API, playing kubectl and the cluster's controllers."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
+        self.session = session
+        self.base = base
+
+    async def create(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        async with self.session.post(self.base + path, json=obj) as response:
+            assert response.status < 300, await response.text()
+            return dict(await response.json())
+
+    async def patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        headers = {"Content-Type": "application/merge-patch+json"}
+        async with self.session.patch(self.base + path, json=patch, headers=headers) as response:
+            assert response.status < 300, await response.text()
+            return dict(await response.json())
+
+    async def delete(self, path: str) -> None:
+        async with self.session.delete(self.base + path) as response:
+            assert response.status < 300, await response.text()
+
+
+@pytest.fixture
+async def api(kube_url: str) -> AsyncIterator[Api]:
+    async with aiohttp.ClientSession() as session:
+        yield Api(session, kube_url)
+
+
+FM = "/apis/serving.fleet.dev/v1alpha1/namespaces/default/fleetmodels"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+SERVICES = "/api/v1/namespaces/default/services"
+SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+PODS = "/api/v1/namespaces/default/pods"
+NODES = "/api/v1/nodes"
+
+
+def fleetmodel(name: str, **spec: Any) -> dict[str, Any]:
+    """A FleetModel object (camelCase spec) with sensible defaults for tests."""
+    base: dict[str, Any] = {
+        "servedModelName": name,
+        "source": {"huggingFace": {"repo": "Qwen/Qwen3-0.6B"}},
+        "weightFormat": "safetensors",
+        "engine": "vllm",
+        "replicas": 1,
+        "gpusPerReplica": 1,
+    }
+    return {
+        "apiVersion": "serving.fleet.dev/v1alpha1",
+        "kind": "FleetModel",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": base | spec,
+    }
+
+
+def gpu_node(name: str, *, gpus: int = 8, major: int = 8, minor: int = 0) -> dict[str, Any]:
+    labels = {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "nvidia.com/gpu.memory": "81920",
+        "nvidia.com/gpu.compute.major": str(major),
+        "nvidia.com/gpu.compute.minor": str(minor),
+        "topology.kubernetes.io/zone": "eu-west-1a",
+    }
+    return _node(name, labels, {"nvidia.com/gpu": str(gpus), "cpu": "64"})
+
+
+def cpu_node(name: str) -> dict[str, Any]:
+    return _node(name, {"node.kubernetes.io/instance-type": "c6i.large"}, {"cpu": "2"})
+
+
+def _node(name: str, labels: dict[str, str], allocatable: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {
+            "capacity": allocatable,
+            "allocatable": allocatable,
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }

@@ -1,0 +1,158 @@
+"""Renderers and engine profiles as pure functions: spec in, Kubernetes dicts out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fleet_serving import profiles, rendering
+from fleet_serving.errors import InvalidSpec
+from fleet_serving.spec import decode_spec
+
+OWNER = rendering.Owner(name="qwen", namespace="models", uid="uid-1")
+
+
+def spec(**fields: Any) -> Any:
+    base: dict[str, Any] = {
+        "servedModelName": "qwen",
+        "source": {"huggingFace": {"repo": "Qwen/Qwen3-8B", "revision": "abc123"}},
+        "weightFormat": "safetensors",
+        "engine": "vllm",
+    }
+    return decode_spec(base | fields)
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    return dict(deployment["spec"]["template"]["spec"]["containers"][0])
+
+
+def test_vllm_deployment_runs_the_openai_server_with_its_key_from_a_secret() -> None:
+    s = spec(replicas=2, gpusPerReplica=2, engineArgs=["--max-model-len=8192"])
+    d = rendering.deployment(OWNER, s, profiles.check(s))
+    c = container(d)
+    assert d["spec"]["replicas"] == 2
+    assert c["image"].startswith("vllm/vllm-openai:")
+    assert c["args"] == [
+        "--model", "Qwen/Qwen3-8B", "--revision", "abc123",
+        "--served-model-name", "qwen", "--host", "0.0.0.0", "--port", "8000",
+        "--tensor-parallel-size", "2", "--max-model-len=8192",
+    ]  # fmt: skip
+    key = {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "qwen-api-key",
+                                                                   "key": "api-key"}}}  # fmt: skip
+    assert c["env"] == [key]
+    assert not any("key" in arg.lower() for arg in c["args"])  # argv is world-readable
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+
+
+def test_vllm_requires_gpus_of_compute_7_5_or_better() -> None:
+    s = spec()
+    pod = rendering.deployment(OWNER, s, profiles.check(s))["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchExpressions": [
+            {"key": "nvidia.com/gpu.compute.major", "operator": "Gt", "values": ["7"]}]},
+        {"matchExpressions": [
+            {"key": "nvidia.com/gpu.compute.major", "operator": "In", "values": ["7"]},
+            {"key": "nvidia.com/gpu.compute.minor", "operator": "Gt", "values": ["4"]}]},
+    ]  # fmt: skip
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+
+
+def test_llamacpp_serves_gguf_with_no_compute_floor_and_its_own_key_variable() -> None:
+    s = spec(engine="llamacpp", weightFormat="gguf", gpusPerReplica=0,
+             source={"uri": "s3://models/gemma/gemma-3-270m.gguf"},
+             apiKeySecret={"name": "shared-keys", "key": "gemma"})  # fmt: skip
+    d = rendering.deployment(OWNER, s, profiles.check(s))
+    pod = d["spec"]["template"]["spec"]
+    c = container(d)
+    assert "affinity" not in pod
+    assert "nodeSelector" not in pod
+    assert "tolerations" not in pod
+    assert c["image"].startswith("ghcr.io/ggml-org/llama.cpp:server")
+    assert c["env"][0]["name"] == "LLAMA_API_KEY"
+    assert c["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "shared-keys", "key": "gemma"}
+    assert c["args"][:4] == ["--model", "/models/model.gguf", "--alias", "qwen"]
+    assert "resources" not in c or "nvidia.com/gpu" not in c["resources"].get("limits", {})
+    (fetch,) = pod["initContainers"]
+    assert fetch["args"] == ["s3", "cp", "s3://models/gemma/gemma-3-270m.gguf",
+                             "/models/model.gguf"]  # fmt: skip
+
+
+def test_owned_objects_carry_the_owner_reference_and_labels() -> None:
+    s = spec()
+    profile = profiles.check(s)
+    for obj in (rendering.deployment(OWNER, s, profile), rendering.service(OWNER, profile)):
+        meta = obj["metadata"]
+        assert (meta["name"], meta["namespace"]) == ("qwen", "models")
+        (ref,) = meta["ownerReferences"]
+        assert ref == {
+            "apiVersion": "serving.fleet.dev/v1alpha1", "kind": "FleetModel", "name": "qwen",
+            "uid": "uid-1", "controller": True, "blockOwnerDeletion": True,
+        }  # fmt: skip
+        assert meta["labels"]["serving.fleet.dev/model"] == "qwen"
+
+
+def test_the_service_selects_the_pods_of_its_model() -> None:
+    svc = rendering.service(OWNER, profiles.LLAMACPP)
+    assert svc["spec"]["selector"] == {"serving.fleet.dev/model": "qwen"}
+    assert svc["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+def test_user_placement_resources_and_image_are_passed_through() -> None:
+    s = spec(
+        image="registry.local/vllm:patched",
+        nodeSelector={"pool": "h100"},
+        tolerations=[{"key": "dedicated", "operator": "Equal", "value": "ml",
+                      "effect": "NoSchedule"}],
+        resources={"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "64Gi"}},
+    )  # fmt: skip
+    d = rendering.deployment(OWNER, s, profiles.check(s))
+    pod = d["spec"]["template"]["spec"]
+    assert container(d)["image"] == "registry.local/vllm:patched"
+    assert pod["nodeSelector"] == {"pool": "h100"}
+    assert pod["tolerations"][0] == {"key": "dedicated", "operator": "Equal", "value": "ml",
+                                     "effect": "NoSchedule"}  # fmt: skip
+    assert container(d)["resources"] == {
+        "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "64Gi", "nvidia.com/gpu": "1"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("engine", "fmt", "reason"),
+    [
+        ("vllm", "gguf", "vllm serves safetensors; this model is gguf"),
+        ("llamacpp", "safetensors", "llamacpp serves gguf; this model is safetensors"),
+    ],
+)
+def test_engine_profiles_refuse_the_other_format(engine: str, fmt: str, reason: str) -> None:
+    with pytest.raises(InvalidSpec, match=reason):
+        profiles.check(spec(engine=engine, weightFormat=fmt))
+
+
+def test_vllm_without_a_gpu_is_refused() -> None:
+    with pytest.raises(InvalidSpec, match="vllm needs at least 1 GPU"):
+        profiles.check(spec(gpusPerReplica=0))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"source": {}}, "exactly one of registry, huggingFace or uri"),
+        ({"source": {"registry": "a", "uri": "s3://bucket/x"}}, "exactly one"),
+        ({"replicas": -1}, r"spec.replicas"),
+        ({"engine": "tgi"}, r"spec.engine"),
+        ({"source": {"uri": "https://example.com/x"}}, r"spec.source.uri"),
+    ],
+)
+def test_invalid_specs_name_the_field(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidSpec, match=message):
+        spec(**fields)

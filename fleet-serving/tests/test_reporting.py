@@ -1,0 +1,145 @@
+"""The reporter against a loopback HTTP server: debounce, one PUT in flight, retry, heartbeat."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+import fleet_contract
+from fleet_serving.reporting import Reporter, ReporterSettings, backoff_delay
+from fleet_serving.view import ClusterView
+
+from .conftest import free_port, gpu_node
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class ControlPlane:
+    """Counts PUTs, how many overlap, and can fail or hold requests on demand."""
+
+    def __init__(self) -> None:
+        self.received: asyncio.Queue[fleet_contract.InventoryReport] = asyncio.Queue()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.fail_next = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.entered = asyncio.Event()
+
+    async def put(self, request: web.Request) -> web.Response:
+        self.in_flight += 1
+        self.entered.set()
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await self.gate.wait()
+            report = fleet_contract.decode_report(await request.read())
+            if self.fail_next:
+                self.fail_next -= 1
+                return web.Response(status=503)
+            self.received.put_nowait(report)
+            return web.json_response({})
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.fixture
+async def plane() -> AsyncIterator[tuple[ControlPlane, str]]:
+    state = ControlPlane()
+    app = web.Application()
+    app.router.add_put("/api/v1/inventory", state.put)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield state, f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def running(
+    plane: tuple[ControlPlane, str],
+) -> AsyncIterator[tuple[ControlPlane, ClusterView, Reporter]]:
+    state, url = plane
+    view = ClusterView()
+    settings = ReporterSettings(url=url, cluster_id="c", interval=0.5, debounce=0.05,
+                                backoff_initial=0.05, backoff_max=0.2)  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        reporter = Reporter(settings, view, session)
+        task = asyncio.create_task(reporter.run())
+        yield state, view, reporter
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_a_burst_of_changes_costs_one_put(
+    running: tuple[ControlPlane, ClusterView, Reporter],
+) -> None:
+    state, view, _ = running
+    for i in range(50):
+        view.put_node(gpu_node(f"gpu-{i}"), deleted=False)
+    report = await asyncio.wait_for(state.received.get(), timeout=5)
+    assert len(report.nodes) == 50
+    assert state.received.empty()
+
+
+async def test_at_most_one_put_in_flight_and_the_newest_snapshot_wins(
+    running: tuple[ControlPlane, ClusterView, Reporter],
+) -> None:
+    state, view, _ = running
+    state.gate.clear()  # the control plane is slow
+    view.put_node(gpu_node("gpu-1"), deleted=False)
+    await asyncio.wait_for(state.entered.wait(), timeout=5)
+    view.put_node(gpu_node("gpu-2"), deleted=False)
+    view.put_node(gpu_node("gpu-3"), deleted=False)
+    state.gate.set()
+    first = await asyncio.wait_for(state.received.get(), timeout=5)
+    second = await asyncio.wait_for(state.received.get(), timeout=5)
+    assert [len(first.nodes), len(second.nodes)] == [1, 3]
+    assert state.max_in_flight == 1
+
+
+async def test_failures_are_retried_with_backoff(
+    running: tuple[ControlPlane, ClusterView, Reporter],
+) -> None:
+    state, view, reporter = running
+    state.fail_next = 3
+    view.put_node(gpu_node("gpu-1"), deleted=False)
+    report = await asyncio.wait_for(state.received.get(), timeout=5)
+    assert len(report.nodes) == 1
+    assert state.fail_next == 0
+    assert reporter.sent == 1
+
+
+async def test_heartbeat_without_changes(
+    running: tuple[ControlPlane, ClusterView, Reporter],
+) -> None:
+    state, _, _ = running
+    first = await asyncio.wait_for(state.received.get(), timeout=5)
+    second = await asyncio.wait_for(state.received.get(), timeout=5)
+    assert second.observed_at > first.observed_at
+
+
+async def test_an_unreachable_control_plane_is_retried_not_fatal() -> None:
+    view = ClusterView()
+    settings = ReporterSettings(url=f"http://127.0.0.1:{free_port()}", cluster_id="c",
+                                interval=0.2, backoff_initial=0.01, backoff_max=0.02)  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        reporter = Reporter(settings, view, session)
+        task = asyncio.create_task(reporter.run())
+        view.put_node(gpu_node("g"), deleted=False)
+        done, _ = await asyncio.wait({task}, timeout=0.5)
+        assert not done  # still running, retrying
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert reporter.sent == 0
+
+
+def test_backoff_doubles_and_is_capped() -> None:
+    delays = [backoff_delay(n, initial=0.5, cap=30) for n in range(1, 10)]
+    assert delays == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
