@@ -31,8 +31,9 @@ $(STAMP): $(BIN)/uv requirements.lock $(addsuffix /pyproject.toml,$(PACKAGES))
 		$(addprefix -e ./,$(PACKAGES))
 	touch $(STAMP)
 
+# REAL=1: the model registry pulls from the Hugging Face hub instead of the synthetic one.
 dev: $(STAMP)
-	$(PY) -m fleet_core.devrun
+	REAL=$(REAL) $(PY) -m fleet_core.devrun
 
 # Needs `make dev` running (or FLEET_SEED_API pointing at a control plane).
 seed: $(STAMP)

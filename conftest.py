@@ -5,4 +5,5 @@ pytest_plugins = [
     "fleet_testing.fix_redis",
     "fleet_testing.fix_proxy",
     "fleet_testing.fix_redis_process",
+    "fleet_testing.fix_s3",
 ]

@@ -1,14 +1,22 @@
 """Run every benchmark and write docs/benchmarks.md (``make bench``).
 
-``FLEET_BENCH_ONLY=gateway``, ``=admission``, ``=ledger`` or ``=database`` runs one section (the
-other sections of docs/benchmarks.md are kept as they were).
+``FLEET_BENCH_ONLY=gateway``, ``=admission``, ``=ledger``, ``=database``, ``=pull``, ``=costs``
+or ``=operator`` runs one section (the other sections of docs/benchmarks.md are kept as they were).
 """
 
 from __future__ import annotations
 
 import os
 
-from bench import admission_bench, database_bench, gateway_bench, ledger_bench
+from bench import (
+    admission_bench,
+    costs_bench,
+    database_bench,
+    gateway_bench,
+    ledger_bench,
+    operator_bench,
+    pull_bench,
+)
 
 
 def main() -> None:
@@ -22,6 +30,12 @@ def main() -> None:
         sections.append(ledger_bench.report(ledger_bench.run()))
     if only in ("", "database"):
         sections.append(database_bench.report(database_bench.run()))
+    if only in ("", "pull"):
+        sections.append(pull_bench.report(pull_bench.run()))
+    if only in ("", "costs"):
+        sections.append(costs_bench.report(costs_bench.run()))
+    if only in ("", "operator"):
+        sections.append(operator_bench.report(operator_bench.run()))
     gateway_bench.write_report(sections)
 
 

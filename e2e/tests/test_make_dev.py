@@ -3,6 +3,7 @@ answers an SDK call with the seeded key, and SIGTERM leaves nothing running."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -122,11 +124,38 @@ def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{gateway}/v1", api_key="fk_wrong", max_retries=0).models.list()
 
+    # The registry pulls from the synthetic hub the control plane serves in dev.
+    registered = _post(
+        f"{api}/api/v1/models", {"source": {"huggingface": {"repo": "fleet/tiny-gguf"}}}
+    )
+    model_id = registered["id"]
+    _post(f"{api}/api/v1/models/{model_id}/pull", {})
+    while (status := _get(f"{api}/api/v1/models/{model_id}")["status"]) not in ("Ready", "Failed"):
+        assert time.monotonic() < deadline + 60, f"the pull is still {status}"
+        time.sleep(0.2)
+    assert status == "Ready"
+    assert any((workdir / ".dev" / "models").rglob("*.gguf"))
+
     assert (workdir / ".dev" / "postgres" / "data" / "PG_VERSION").is_file()
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
     for port in ("FLEET_DEV_PG_PORT", "FLEET_DEV_REDIS_PORT", "FLEET_DEV_API_PORT"):
         assert not _answers_tcp(int(env[port])), f"{port} still served after SIGTERM"
+
+
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        found: dict[str, Any] = json.load(response)
+        return found
+
+
+def _get(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        found: dict[str, Any] = json.load(response)
+        return found
 
 
 def _answers_tcp(port: int) -> bool:

@@ -4,7 +4,9 @@
   under ``.dev/`` (``devstack``), the Postgres data kept between runs.
 - Three stub engines as child processes: two replicas of a vLLM-profile model and one
   llama.cpp-profile model.
-- The control plane (``fleet-apiserver``) on 127.0.0.1:8081, on that database.
+- The control plane (``fleet-apiserver``) on 127.0.0.1:8081, on that database, with the model
+  registry pulling from the synthetic hub it serves under ``/hub`` into ``.dev/models``
+  (``make dev REAL=1``: from the Hugging Face hub, with FLEET_HF_TOKEN if set).
 - The gateway in the foreground on 127.0.0.1:8080, in database mode: keys, limits, budget rules
   and rates come from the control plane's tables, every request lands in the ledger. ``make
   seed`` creates a demo tenant, project, key and budget rule and prints the key.
@@ -126,7 +128,10 @@ def main() -> None:
             "FLEET_DATABASE_URL": database_url,
             "FLEET_REDIS_URL": redis_url,
             "FLEET_LEDGER_SPOOL": str(state / "ledger-spool.jsonl"),
+            "FLEET_MODELS_DIR": os.environ.get("FLEET_MODELS_DIR") or str(state / "models"),
         }
+        if os.environ.get("REAL") != "1":  # `make dev REAL=1` pulls from the real hub instead
+            env["FLEET_SYNTHETIC_HUB"] = "1"
         engines = _start_engines(engine_port)
         apiserver = _start_apiserver(api_port, env)
         children = [*engines, apiserver]

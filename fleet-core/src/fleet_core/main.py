@@ -22,10 +22,12 @@ from hypercorn.config import Config as HypercornConfig
 
 from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
 from fleet_core.apiserver.app import open_resources as open_apiserver_resources
+from fleet_core.costs.service import cost_settings
 from fleet_core.errors import ConfigError
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, UpstreamConfig, load_config, validate
 from fleet_core.logs import setup_logging
+from fleet_core.registry.settings import registry_settings
 from fleet_core.settings import GatewaySettings, from_env
 
 __all__ = ["apiserver_main", "apiserver_settings", "gateway_main", "parse_listen", "serve_app"]
@@ -145,6 +147,8 @@ def apiserver_settings(env: Mapping[str, str], listen: str) -> ApiserverSettings
         shutdown_grace_s=gateway.shutdown_grace_s,
         cors_origins=gateway.admission.cors_origins,
         log=gateway.log,
+        registry=registry_settings(env, listen=listen),
+        costs=cost_settings(env),
     )
 
 

@@ -44,6 +44,24 @@ DATABASE = {
     ("GET", "/api/v1/budget-rules/{rule_id}"),
     ("DELETE", "/api/v1/budget-rules/{rule_id}"),
     ("GET", "/api/v1/usage"),
+    ("GET", "/api/v1/usage-agreement"),
+    ("GET", "/api/v1/model-rates"),
+    ("GET", "/api/v1/model-rates/{model}"),
+    ("PUT", "/api/v1/model-rates/{model}"),
+    ("DELETE", "/api/v1/model-rates/{model}"),
+    ("POST", "/api/v1/cost-rates"),
+    ("GET", "/api/v1/cost-rates"),
+    ("GET", "/api/v1/cost-periods"),
+    ("GET", "/api/v1/cost-periods/{period}"),
+    ("PUT", "/api/v1/cost-periods/{period}"),
+    # the model registry (fleet-core/tests/registry)
+    ("POST", "/api/v1/models"),
+    ("GET", "/api/v1/models"),
+    *((m, "/api/v1/models/{model_id}") for m in ("GET", "PATCH", "DELETE")),
+    ("GET", "/api/v1/models/{model_id}/tokenizer"),
+    ("GET", "/api/v1/models/{model_id}/fit"),
+    *((m, "/api/v1/models/{model_id}/pull") for m in ("POST", "GET", "DELETE")),
+    ("GET", "/api/v1/models/{model_id}/pull/events"),
 }
 
 

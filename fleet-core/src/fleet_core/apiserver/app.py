@@ -18,15 +18,22 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from fleet_core import web
 from fleet_core.apiserver import openapi
 from fleet_core.budgets.routes import budget_routes
+from fleet_core.costs.routes import cost_routes
+from fleet_core.costs.service import CostSettings
 from fleet_core.errors import NotFound, Unavailable
+from fleet_core.hub import create_hub_app
 from fleet_core.inventory.routes import inventory_routes
 from fleet_core.inventory.store import InventoryStore, MemoryInventory, PostgresInventory
 from fleet_core.keys.routes import keys_routes
+from fleet_core.rates.routes import rates_routes
+from fleet_core.registry.routes import registry_routes
+from fleet_core.registry.service import RegistryService
+from fleet_core.registry.settings import RegistrySettings
 from fleet_core.settings import LogSettings
 from fleet_core.storage.db import open_pool
 from fleet_core.tenants.routes import tenants_routes
@@ -59,12 +66,18 @@ class ApiserverSettings:
     cors_origins: tuple[str, ...] = ()
     """Origins allowed besides loopback ones (FLEET_CORS_ORIGINS)."""
     log: LogSettings = field(default_factory=LogSettings)
+    costs: CostSettings = field(default_factory=CostSettings)
+    """Closing cost periods: coverage threshold and how long a report vouches for capacity."""
+    registry: RegistrySettings = field(default_factory=RegistrySettings)
+    """The model registry: object store, hub, token (FLEET_S3_*, FLEET_HUB_URL, FLEET_HF_TOKEN)."""
 
 
 @dataclass
 class ApiserverResources:
     pool: AsyncConnectionPool | None
     inventory: InventoryStore
+    registry: RegistryService | None = None
+    """The model registry and its pulls (needs the database)."""
 
 
 @contextlib.asynccontextmanager
@@ -73,7 +86,9 @@ async def open_resources(settings: ApiserverSettings) -> AsyncIterator[Apiserver
         yield ApiserverResources(None, MemoryInventory())
         return
     async with open_pool(settings.database_url) as pool:
-        yield ApiserverResources(pool, PostgresInventory(pool))
+        inventory = PostgresInventory(pool)
+        async with RegistryService.running(pool, inventory, settings.registry) as registry:
+            yield ApiserverResources(pool, inventory, registry)
 
 
 class _Health:
@@ -109,7 +124,7 @@ async def _not_found(request: Request) -> Response:
     raise NotFound(f"no route for {request.method} {request.url.path}")
 
 
-def _routes(resources: ApiserverResources) -> list[BaseRoute]:
+def _routes(resources: ApiserverResources, costs: CostSettings) -> list[BaseRoute]:
     health = _Health(resources.pool)
     routes: list[BaseRoute] = [
         Route("/healthz", health.healthz, methods=["GET"]),
@@ -119,7 +134,10 @@ def _routes(resources: ApiserverResources) -> list[BaseRoute]:
     if resources.pool is not None:
         pool = resources.pool
         routes += tenants_routes(pool) + keys_routes(pool) + budget_routes(pool)
-        routes += usage_routes(pool)
+        routes += usage_routes(pool) + rates_routes(pool)
+        routes += cost_routes(pool, costs)
+    if resources.registry is not None:
+        routes += registry_routes(resources.registry)
     routes.append(_openapi_route(routes))
     if resources.pool is None:
         for name in DATABASE_COLLECTIONS:
@@ -143,8 +161,11 @@ def _openapi_route(served: list[BaseRoute]) -> Route:
 
 
 def create_apiserver_app(settings: ApiserverSettings, resources: ApiserverResources) -> Starlette:
+    routes = _routes(resources, settings.costs)
+    if settings.registry.synthetic_hub:  # dev: pulls need no network (docs/models.md)
+        routes.append(Mount("/hub", create_hub_app()))
     app = Starlette(
-        routes=_routes(resources),
+        routes=routes,
         middleware=[
             *web.middleware(access_log=settings.log.access, cors_origins=settings.cors_origins),
             Middleware(web.TrailingSlashMiddleware),

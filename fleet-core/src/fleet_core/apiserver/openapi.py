@@ -19,12 +19,15 @@ from starlette.routing import BaseRoute, Route
 
 import fleet_contract
 from fleet_core.budgets import wire as budgets
+from fleet_core.costs import wire as costs
 from fleet_core.errors import ErrorEnvelope
 from fleet_core.gateway.discovery import EndpointsDocument
 from fleet_core.inventory.service import ClusterSummary
 from fleet_core.keys import wire as keys
+from fleet_core.rates import wire as rates
+from fleet_core.registry import wire as registry
 from fleet_core.tenants import wire as tenants
-from fleet_core.usage.wire import UsageRow
+from fleet_core.usage.wire import Agreement, UsageRow
 
 __all__ = ["OPERATIONS", "Operation", "build_document"]
 
@@ -58,8 +61,11 @@ class Operation:
 
 
 _TENANT = "/api/v1/tenants/{tenant_id}"
+_RATES = "/api/v1/model-rates/{model}"
 _PROJECT = "/api/v1/projects/{project_id}"
 _RULE = "/api/v1/budget-rules/{rule_id}"
+_PERIOD = "/api/v1/cost-periods/{period}"
+_MODEL = "/api/v1/models/{model_id}"
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", OPENAPI_PATH): Operation("This document", response=dict[str, Any]),
@@ -147,12 +153,116 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         query=("tenantId", "projectId", "model", "from", "to", "groupBy"),
         errors=(400,),
     ),
+    ("GET", "/api/v1/usage-agreement"): Operation(
+        "Per model, engine-reported against gateway-counted tokens over a window",
+        response=list[Agreement],
+        query=("model", "from", "to"),
+        errors=(400,),
+    ),
+    ("GET", "/api/v1/model-rates"): Operation(
+        "List unit rates (units per million tokens)", response=list[rates.ModelRates]
+    ),
+    ("GET", _RATES): Operation(
+        "Read a model's unit rates", response=rates.ModelRates, errors=(404,)
+    ),
+    ("PUT", _RATES): Operation(
+        "Set a model's unit rates (201 when new)",
+        body=rates.RatesPut,
+        response=rates.ModelRates,
+        errors=(400,),
+    ),
+    ("DELETE", _RATES): Operation(
+        "Remove a model's unit rates", response=rates.ModelRates, errors=(404,)
+    ),
     ("GET", "/api/v1/budget-rules"): Operation(
         "List budget rules", response=list[budgets.BudgetRule]
     ),
     ("GET", _RULE): Operation("Read a budget rule", response=budgets.BudgetRule, errors=(404,)),
+    ("POST", "/api/v1/cost-rates"): Operation(
+        "Set what one GPU-hour costs on a cluster (integer micro-units), from effectiveFrom on",
+        body=costs.RateCreate,
+        response=costs.CostRate,
+        status=201,
+        errors=(400, 409),
+    ),
+    ("GET", "/api/v1/cost-rates"): Operation(
+        "List cost rates", response=list[costs.CostRate], query=("cluster",)
+    ),
+    ("GET", "/api/v1/cost-periods"): Operation(
+        "List closed months", response=list[costs.CostPeriodSummary]
+    ),
+    ("GET", _PERIOD): Operation(
+        "A closed month's report (YYYY-MM; Accept: text/csv or ?format=csv for CSV)",
+        response=costs.CostReport,
+        query=("format",),
+        errors=(400, 404),
+    ),
+    ("PUT", _PERIOD): Operation(
+        "Close a month (or recompute it, booking differences into the next month); 400 below "
+        "the coverage threshold unless ?minCoverage lowers it; 409 once the next month closed",
+        response=costs.CostReport,
+        query=("minCoverage", "format"),
+        errors=(400, 404, 409),
+    ),
     ("DELETE", _RULE): Operation(
         "Delete a budget rule", response=budgets.BudgetRule, errors=(404,)
+    ),
+    ("POST", "/api/v1/models"): Operation(
+        "Register a model (source: huggingface {repo, revision} or uri hf://owner/name@rev)",
+        body=registry.ModelCreate,
+        response=registry.Model,
+        status=201,
+        errors=(400, 409),
+    ),
+    ("GET", "/api/v1/models"): Operation("List registry models", response=list[registry.Model]),
+    ("GET", _MODEL): Operation(
+        "Read a model: status with reason, facts once Ready, unit rates",
+        response=registry.Model,
+        errors=(404,),
+    ),
+    ("PATCH", _MODEL): Operation(
+        "Set the model's unit rates (stored in model_rates under the model id)",
+        body=registry.ModelPatch,
+        response=registry.Model,
+        errors=(400, 404),
+    ),
+    ("DELETE", _MODEL): Operation(
+        "Delete a model and its objects; 409 while the inventory shows a FleetModel using it",
+        response=registry.Model,
+        errors=(404, 409),
+    ),
+    ("GET", f"{_MODEL}/tokenizer"): Operation(
+        "The tokenizer.json the gateway counts tokens with (Ready models that have one)",
+        response=dict[str, Any],
+        errors=(404,),
+    ),
+    ("GET", f"{_MODEL}/fit"): Operation(
+        "Can ?engine=vllm|llamacpp load this model? 409 with the reason when it cannot",
+        response=registry.EngineFit,
+        query=("engine",),
+        errors=(400, 404, 409),
+    ),
+    ("POST", f"{_MODEL}/pull"): Operation(
+        "Start pulling the weights (idempotent: a running pull is reported, not restarted)",
+        response=registry.PullProgress,
+        status=202,
+        errors=(404,),
+    ),
+    ("GET", f"{_MODEL}/pull"): Operation(
+        "Pull progress: files and bytes done/total, rate, ETA",
+        response=registry.PullProgress,
+        errors=(404,),
+    ),
+    ("DELETE", f"{_MODEL}/pull"): Operation(
+        "Cancel the pull, removing every object it wrote",
+        response=registry.PullProgress,
+        errors=(404,),
+    ),
+    ("GET", f"{_MODEL}/pull/events"): Operation(
+        "The same progress as server-sent events (text/event-stream, event: progress), ending "
+        "when the pull does",
+        response=registry.PullProgress,
+        errors=(404,),
     ),
 }
 

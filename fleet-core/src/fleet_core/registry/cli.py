@@ -1,0 +1,193 @@
+"""``fleet models pull|list|show`` against a control plane, with a live progress bar.
+
+    fleet models pull hf://Qwen/Qwen2.5-0.5B-Instruct     # registers it if needed, then pulls
+    fleet models pull qwen2.5-0.5b-instruct                # an id already registered
+    fleet models list
+    fleet models show qwen2.5-0.5b-instruct
+
+The control plane is ``--api`` or FLEET_CONTROL_PLANE_URL (default http://127.0.0.1:8081).
+Ctrl-C during a pull cancels it on the control plane (the pull would otherwise go on without you).
+Exit status: 0 Ready, 1 the pull ended otherwise or the API refused, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aiohttp
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+__all__ = ["main"]
+
+DEFAULT_API = "http://127.0.0.1:8081"
+TERMINAL = ("Ready", "Failed", "Cancelled", "Registered")
+
+
+class ApiError(Exception):
+    """The control plane refused; ``str()`` is its error message."""
+
+
+class _Api:
+    def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
+        self.session, self.base = session, base.rstrip("/")
+
+    async def call(self, method: str, path: str, body: object = None) -> Any:
+        async with self.session.request(method, self.base + path, json=body) as response:
+            payload = await response.json(content_type=None)
+            if response.status >= 400:
+                error = payload.get("error", {}) if isinstance(payload, dict) else {}
+                raise ApiError(f"{response.status}: {error.get('message', payload)}")
+            return payload
+
+    async def events(self, model_id: str) -> AsyncIterator[dict[str, Any]]:
+        url = f"{self.base}/api/v1/models/{model_id}/pull/events"
+        async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=None)) as response:
+            if response.status >= 400:
+                raise ApiError(f"{response.status}: {await response.text()}")
+            async for line in response.content:
+                if line.startswith(b"data: "):
+                    yield json.loads(line[6:])
+
+
+async def _resolve(api: _Api, target: str, model_format: str | None) -> str:
+    """The model id for ``target``: an id, or an hf:// URI registered here when needed."""
+    if not target.startswith("hf://"):
+        return target
+    models = (await api.call("GET", "/api/v1/models"))["data"]
+    for model in models:
+        if model["source"].get("uri") == target:
+            return str(model["id"])
+    body: dict[str, Any] = {"source": {"uri": target}}
+    if model_format:
+        body["format"] = model_format
+    return str((await api.call("POST", "/api/v1/models", body))["id"])
+
+
+async def _follow(api: _Api, model_id: str, console: Console) -> dict[str, Any]:
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[file]}"),
+    )
+    last: dict[str, Any] = {}
+    with Progress(*columns, console=console, transient=False) as bar:
+        task: TaskID = bar.add_task(model_id, total=None, file="")
+        async for last in api.events(model_id):
+            files = f"{last['filesDone']}/{last['filesTotal']} {last.get('currentFile') or ''}"
+            bar.update(
+                task, completed=last["bytesDone"], total=last["bytesTotal"] or None, file=files
+            )
+    return last
+
+
+async def _pull(api: _Api, args: argparse.Namespace, console: Console) -> int:
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, interrupted.set)  # before the pull exists
+    try:
+        return await _pull_until(api, args, console, interrupted)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _pull_until(
+    api: _Api, args: argparse.Namespace, console: Console, interrupted: asyncio.Event
+) -> int:
+    model_id = await _resolve(api, args.target, args.format)
+    started = await api.call("POST", f"/api/v1/models/{model_id}/pull")
+    if started["status"] == "Ready":
+        console.print(f"{model_id} is already Ready")
+        return 0
+    follow = asyncio.ensure_future(_follow(api, model_id, console))
+    waiter = asyncio.ensure_future(interrupted.wait())
+    await asyncio.wait((follow, waiter), return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if interrupted.is_set() and not follow.done():
+        follow.cancel()
+        final = await api.call("DELETE", f"/api/v1/models/{model_id}/pull")
+    else:
+        final = await follow
+    reason = f": {final['reason']}" if final.get("reason") else ""
+    console.print(f"{model_id}: {final['status']}{reason}")
+    return 0 if final["status"] == "Ready" else 1
+
+
+async def _list(api: _Api, console: Console) -> int:
+    table = Table("ID", "STATUS", "FORMAT", "SIZE", "SOURCE", "REASON")
+    for model in (await api.call("GET", "/api/v1/models"))["data"]:
+        facts = model.get("facts") or {}
+        source = model["source"]
+        where = source.get("uri") or "hf://{repo}@{revision}".format(**source["huggingface"])
+        size = f"{facts['sizeBytes']:,}" if facts else ""
+        fmt = facts.get("format") or model.get("format") or ""
+        table.add_row(model["id"], model["status"], fmt, size, where, model["reason"])
+    console.print(table)
+    return 0
+
+
+async def _show(api: _Api, model_id: str, console: Console) -> int:
+    console.print_json(json.dumps(await api.call("GET", f"/api/v1/models/{model_id}")))
+    return 0
+
+
+async def _run(args: argparse.Namespace) -> int:
+    console = Console()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        api = _Api(session, args.api)
+        try:
+            if args.action == "pull":
+                return await _pull(api, args, console)
+            if args.action == "list":
+                return await _list(api, console)
+            return await _show(api, args.target, console)
+        except ApiError as exc:
+            console.print(f"fleet: {exc}", style="red")
+            return 1
+        except aiohttp.ClientError as exc:
+            console.print(f"fleet: cannot reach the control plane at {args.api}: {exc}")
+            return 1
+
+
+def _parser(default_api: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleet", description="Fleet's command line.")
+    parser.add_argument("--api", default=default_api, help=f"control plane ({default_api})")
+    nouns = parser.add_subparsers(dest="noun", required=True)
+    models = nouns.add_parser("models", help="the model registry")
+    actions = models.add_subparsers(dest="action", required=True)
+    pull = actions.add_parser("pull", help="pull a model's weights, with progress")
+    pull.add_argument("target", help="a model id, or hf://owner/name[@revision] to register")
+    pull.add_argument("--format", choices=("safetensors", "gguf"), help="required format")
+    actions.add_parser("list", help="list registered models")
+    show = actions.add_parser("show", help="one model, with its facts")
+    show.add_argument("target", help="a model id")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    default_api = os.environ.get("FLEET_CONTROL_PLANE_URL") or DEFAULT_API
+    args = _parser(default_api).parse_args(argv)
+    raise SystemExit(asyncio.run(_run(args)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

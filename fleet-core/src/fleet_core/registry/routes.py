@@ -1,0 +1,95 @@
+"""HTTP edge of the model registry: models, their pulls (with an event stream) and tokenizers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from fleet_core import web
+from fleet_core.registry.service import RegistryService
+from fleet_core.registry.wire import ModelCreate, ModelPatch, PullProgress
+
+__all__ = ["registry_routes"]
+
+_CREATE = msgspec.json.Decoder(ModelCreate)
+_PATCH = msgspec.json.Decoder(ModelPatch)
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class _Models:
+    def __init__(self, service: RegistryService) -> None:
+        self.service = service
+
+    async def create(self, request: Request) -> Response:
+        new = web.decode(_CREATE, await request.body())
+        return web.json_response(await self.service.register(new), 201)
+
+    async def list(self, request: Request) -> Response:
+        return web.json_response({"object": "list", "data": await self.service.list_models()})
+
+    async def get(self, request: Request) -> Response:
+        return web.json_response(await self.service.get(request.path_params["model_id"]))
+
+    async def patch(self, request: Request) -> Response:
+        patch = web.decode(_PATCH, await request.body())
+        return web.json_response(await self.service.patch(request.path_params["model_id"], patch))
+
+    async def delete(self, request: Request) -> Response:
+        return web.json_response(await self.service.delete(request.path_params["model_id"]))
+
+    async def tokenizer(self, request: Request) -> Response:
+        body = await self.service.tokenizer(request.path_params["model_id"])
+        return StreamingResponse(body, media_type="application/json")
+
+    async def fit(self, request: Request) -> Response:
+        engine = request.query_params.get("engine", "")
+        return web.json_response(await self.service.fit(request.path_params["model_id"], engine))
+
+
+class _Pulls:
+    def __init__(self, service: RegistryService) -> None:
+        self.service = service
+
+    async def start(self, request: Request) -> Response:
+        return web.json_response(
+            await self.service.start_pull(request.path_params["model_id"]), 202
+        )
+
+    async def get(self, request: Request) -> Response:
+        return web.json_response(await self.service.progress(request.path_params["model_id"]))
+
+    async def cancel(self, request: Request) -> Response:
+        return web.json_response(await self.service.cancel(request.path_params["model_id"]))
+
+    async def events(self, request: Request) -> Response:
+        snapshots = await self.service.events(request.path_params["model_id"])
+        return StreamingResponse(
+            _sse(snapshots), media_type="text/event-stream", headers=_SSE_HEADERS
+        )
+
+
+async def _sse(snapshots: AsyncIterator[PullProgress]) -> AsyncIterator[bytes]:
+    async for snapshot in snapshots:
+        yield b"event: progress\ndata: " + msgspec.json.encode(snapshot) + b"\n\n"
+
+
+def registry_routes(service: RegistryService) -> list[BaseRoute]:
+    models, pulls = _Models(service), _Pulls(service)
+    one = "/api/v1/models/{model_id}"
+    return [
+        Route("/api/v1/models", models.create, methods=["POST"]),
+        Route("/api/v1/models", models.list, methods=["GET"]),
+        Route(one, models.get, methods=["GET"]),
+        Route(one, models.patch, methods=["PATCH"]),
+        Route(one, models.delete, methods=["DELETE"]),
+        Route(f"{one}/tokenizer", models.tokenizer, methods=["GET"]),
+        Route(f"{one}/fit", models.fit, methods=["GET"]),
+        Route(f"{one}/pull", pulls.start, methods=["POST"]),
+        Route(f"{one}/pull", pulls.get, methods=["GET"]),
+        Route(f"{one}/pull", pulls.cancel, methods=["DELETE"]),
+        Route(f"{one}/pull/events", pulls.events, methods=["GET"]),
+    ]

@@ -1,0 +1,287 @@
+"""The model registry: models, their pulls and what the gateway and operator need from them.
+
+One ``RegistryService`` per control plane, opened with the resources (``RegistryService.running``):
+it owns the pulls as asyncio tasks (at most one per model), resumes at start the pulls a restart
+interrupted, and cancels and awaits them on shutdown. One control-plane replica should pull: a
+second would resume the first one's pulls after its own restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+from psycopg_pool import AsyncConnectionPool
+
+from fleet_core.errors import Conflict, InvalidRequest, NotFound
+from fleet_core.inventory.store import InventoryStore
+from fleet_core.registry import verifying
+from fleet_core.registry.hubclient import HubClient
+from fleet_core.registry.objects import DirectoryStore, ObjectStore
+from fleet_core.registry.pulling import Pull, PullDeps, object_prefix, progress_of
+from fleet_core.registry.s3 import S3Store
+from fleet_core.registry.settings import RegistrySettings
+from fleet_core.registry.store import ModelRecord, ModelStore
+from fleet_core.registry.wire import (
+    EngineFit,
+    Model,
+    ModelCreate,
+    ModelPatch,
+    PullProgress,
+    Source,
+)
+
+__all__ = ["RegistryService", "hub_location", "open_object_store"]
+
+log = logging.getLogger("fleet.registry")
+
+_HF_URI = re.compile(
+    r"^hf://(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?)"
+    r"(@(?P<revision>[A-Za-z0-9][A-Za-z0-9._/-]*))?$"
+)
+
+
+def hub_location(source: Source) -> tuple[str, str]:
+    """(repo, revision) on the hub; InvalidRequest naming the field when there is none."""
+    if (source.huggingface is None) == (source.uri is None):
+        raise InvalidRequest("give exactly one of source.huggingface or source.uri", param="source")
+    if source.huggingface is not None:
+        return source.huggingface.repo, source.huggingface.revision
+    match = _HF_URI.match(source.uri or "")
+    if match is None:
+        raise InvalidRequest(
+            "source.uri must be hf://owner/name[@revision] (the only scheme supported)",
+            param="source.uri",
+        )
+    return match["repo"], match["revision"] or "main"
+
+
+def _default_id(repo: str) -> str:
+    name = re.sub(r"[^a-z0-9._-]+", "-", repo.rsplit("/", 1)[-1].lower()).strip("-._")
+    if not name:
+        raise InvalidRequest("cannot derive an id from the repository; give one", param="id")
+    return name[:63]
+
+
+def _model(record: ModelRecord) -> Model:
+    return Model(
+        id=record.id,
+        source=record.source,
+        format=record.format,
+        status=record.status,
+        reason=record.reason,
+        revision=record.revision,
+        facts=record.facts if record.status == "Ready" else None,
+        rates=record.rates,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+    )
+
+
+@contextlib.asynccontextmanager
+async def open_object_store(settings: RegistrySettings) -> AsyncIterator[ObjectStore]:
+    if settings.s3 is None:
+        yield DirectoryStore(Path(settings.models_dir))
+        return
+    store = S3Store(settings.s3)
+    await store.ensure_bucket()
+    yield store
+
+
+class RegistryService:
+    def __init__(
+        self,
+        store: ModelStore,
+        objects: ObjectStore,
+        hub: HubClient,
+        inventory: InventoryStore,
+        *,
+        settings: RegistrySettings,
+    ) -> None:
+        self.store, self.objects, self.inventory = store, objects, inventory
+        self._deps = PullDeps(store, objects, hub, persist_every_s=settings.persist_every_s)
+        self._settings = settings
+        self._pulls: dict[str, tuple[Pull, asyncio.Task[None]]] = {}
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def running(
+        cls, pool: AsyncConnectionPool, inventory: InventoryStore, settings: RegistrySettings
+    ) -> AsyncIterator[RegistryService]:
+        async with (
+            open_object_store(settings) as objects,
+            aiohttp.ClientSession(auto_decompress=False) as session,
+        ):
+            hub = HubClient(
+                session,
+                settings.hub_url,
+                token=settings.hf_token,
+                stall_timeout_s=settings.stall_timeout_s,
+                chunk_size=settings.chunk_size,
+            )
+            service = cls(ModelStore(pool), objects, hub, inventory, settings=settings)
+            await service.recover()
+            try:
+                yield service
+            finally:
+                await service.shutdown()
+
+    # --- models ------------------------------------------------------------------------------
+    async def register(self, new: ModelCreate) -> Model:
+        repo, _ = hub_location(new.source)
+        model_id = new.id or _default_id(repo)
+        record = await self.store.insert(model_id, new.source, new.format)
+        if record is None:
+            raise Conflict(f"model {model_id!r} already exists", param="id")
+        return _model(record)
+
+    async def list_models(self) -> list[Model]:
+        return [_model(r) for r in await self.store.all()]
+
+    async def get(self, model_id: str) -> Model:
+        return _model(await self._record(model_id))
+
+    async def patch(self, model_id: str, patch: ModelPatch) -> Model:
+        await self._record(model_id)
+        if patch.rates is not None:
+            await self.store.upsert_rates(model_id, patch.rates)
+        return await self.get(model_id)
+
+    async def delete(self, model_id: str) -> Model:
+        model = await self.get(model_id)
+        users = await self._users(model_id)
+        if users:
+            raise Conflict(
+                f"model {model_id!r} is used by FleetModel(s) {', '.join(users)}; "
+                "delete those first",
+                code="model_in_use",
+            )
+        await self._stop(model_id, "cancel")
+        await self.objects.delete_prefix(object_prefix(model_id))
+        await self.store.delete(model_id)
+        return model
+
+    async def _users(self, model_id: str) -> list[str]:
+        reports = await self.inventory.latest()
+        return sorted(
+            f"{r.cluster_id}/{d.namespace}/{d.name}"
+            for r in reports
+            for d in r.deployments
+            if model_id in (d.served_model_name, d.name)
+        )
+
+    async def fit(self, model_id: str, engine: str) -> EngineFit:
+        if engine not in verifying.ENGINE_FORMATS:
+            raise InvalidRequest(
+                f"engine must be one of {', '.join(sorted(verifying.ENGINE_FORMATS))}",
+                param="engine",
+            )
+        record = await self._record(model_id)
+        if record.status != "Ready" or record.facts is None:
+            raise Conflict(f"model {model_id!r} is {record.status}, not Ready", code="not_ready")
+        reason = verifying.engine_fit(engine, record.facts.format, model=f"model {model_id!r}")
+        if reason is not None:
+            raise Conflict(reason, param="engine", code="engine_mismatch")
+        return EngineFit(
+            model=model_id,
+            engine="vllm" if engine == "vllm" else "llamacpp",
+            format=record.facts.format,
+            fits=True,
+            reason=f"{engine} loads {record.facts.format} weights",
+        )
+
+    async def tokenizer(self, model_id: str) -> AsyncIterator[bytes]:
+        record = await self._record(model_id)
+        if record.status != "Ready" or record.facts is None or not record.facts.tokenizer:
+            raise NotFound(
+                f"model {model_id!r} has no tokenizer.json"
+                + ("" if record.status == "Ready" else f" yet (it is {record.status})"),
+                code="tokenizer_not_found",
+            )
+        return self.objects.stream(object_prefix(model_id) + "tokenizer.json")
+
+    # --- pulls -------------------------------------------------------------------------------
+    async def start_pull(self, model_id: str) -> PullProgress:
+        """Starts a pull, or reports the one running (or the Ready model): idempotent."""
+        if model_id in self._pulls:
+            return self._pulls[model_id][0].snapshot()
+        await self._record(model_id)
+        if await self.store.claim_pull(model_id):
+            self._start(await self._record(model_id), resume=False)
+        return await self.progress(model_id)  # ours, or the one a concurrent request started
+
+    def _start(self, record: ModelRecord, *, resume: bool) -> None:
+        repo, revision = hub_location(record.source)
+        pull = Pull(record, repo, revision, self._deps)
+        task = asyncio.create_task(pull.run(resume=resume), name=f"pull {record.id}")
+        self._pulls[record.id] = (pull, task)
+        task.add_done_callback(lambda _: self._forget(record.id, task))
+
+    def _forget(self, model_id: str, task: asyncio.Task[None]) -> None:
+        if self._pulls.get(model_id, (None, None))[1] is task:
+            del self._pulls[model_id]
+
+    async def progress(self, model_id: str) -> PullProgress:
+        if model_id in self._pulls:
+            return self._pulls[model_id][0].snapshot()
+        return progress_of(await self._record(model_id))
+
+    async def events(self, model_id: str) -> AsyncIterator[PullProgress]:
+        """Checked now (404 before the stream starts); then snapshots until the pull ends."""
+        running = self._pulls.get(model_id)
+        if running is not None:
+            return running[0].changes()
+        return _once(await self.progress(model_id))  # read after: a pull that just ended is final
+
+    async def cancel(self, model_id: str) -> PullProgress:
+        await self._record(model_id)
+        await self._stop(model_id, "cancel")
+        return progress_of(await self._record(model_id))
+
+    async def _stop(self, model_id: str, why: str) -> None:
+        running = self._pulls.get(model_id)
+        if running is None:
+            return
+        pull, task = running
+        pull.stop = "cancel" if why == "cancel" else "shutdown"
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if why == "cancel" and pull.status == "Pulling":  # cancelled before it ever ran
+            await self.objects.delete_prefix(object_prefix(model_id))
+            await self.store.finish(
+                model_id, "Cancelled", reason="cancelled by a client", facts=None
+            )
+
+    async def recover(self) -> None:
+        """Pulls a restart interrupted: resumed, or Failed with the reason."""
+        for record in await self.store.pulling():
+            if self._settings.resume_on_start:
+                log.info("resuming the pull of %s", record.id)
+                self._start(record, resume=True)
+            else:
+                await self.objects.delete_prefix(object_prefix(record.id))
+                await self.store.finish(
+                    record.id, "Failed",
+                    reason="interrupted by a control-plane restart (resume is off); pull again",
+                    facts=None,
+                )  # fmt: skip
+
+    async def shutdown(self) -> None:
+        for model_id in list(self._pulls):
+            await self._stop(model_id, "shutdown")
+
+    async def _record(self, model_id: str) -> ModelRecord:
+        record = await self.store.get(model_id)
+        if record is None:
+            raise NotFound(f"no model {model_id!r}", param="id", code="model_not_found")
+        return record
+
+
+async def _once(progress: PullProgress) -> AsyncIterator[PullProgress]:
+    yield progress

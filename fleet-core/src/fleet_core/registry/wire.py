@@ -1,0 +1,133 @@
+"""The model registry's API on the wire."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+__all__ = [
+    "EngineFit",
+    "HuggingFaceSource",
+    "Model",
+    "ModelCreate",
+    "ModelFacts",
+    "ModelFile",
+    "ModelPatch",
+    "ModelStatus",
+    "PullProgress",
+    "Rates",
+    "Source",
+    "WeightFormat",
+]
+
+WeightFormat = Literal["safetensors", "gguf"]
+ModelStatus = Literal["Registered", "Pulling", "Ready", "Failed", "Cancelled"]
+ModelId = Annotated[
+    str,
+    Meta(
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$",
+        description="lowercase letters, digits, '.', '_' and '-'; at most 63",
+    ),
+]
+RepoId = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$",
+        description="owner/name on the hub",
+    ),
+]
+Revision = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")]
+Rate = Annotated[float, Meta(ge=0, le=1e12)]
+
+
+class HuggingFaceSource(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    repo: RepoId
+    revision: Revision = "main"
+    """A branch, tag or commit; pinned to the commit at pull time."""
+
+
+class Source(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """Exactly one of ``huggingface`` or ``uri`` (``hf://owner/name[@revision]``)."""
+
+    huggingface: HuggingFaceSource | None = None
+    uri: Annotated[str, Meta(max_length=400)] | None = None
+
+
+class ModelCreate(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    source: Source
+    id: ModelId | None = None
+    """Defaults to the repository's name, lowercased."""
+    format: WeightFormat | None = None
+    """What the files must contain; a pull whose files do not is Failed."""
+
+
+class Rates(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Units per million tokens, the three sides budgets in units bill at."""
+
+    input_fresh: Rate
+    input_cached: Rate
+    output: Rate
+
+
+class ModelPatch(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    rates: Rates | None = None
+
+
+class ModelFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    path: str
+    size: int
+    sha256: str
+
+
+class ModelFacts(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """What verification found, by parsing the stored files."""
+
+    format: WeightFormat
+    architecture: str | None
+    parameters: int
+    size_bytes: int
+    dtype: str | None = None
+    """safetensors: the dtype holding most parameters."""
+    quantization: str | None = None
+    """GGUF: the file type (Q8_0, Q4_K_M …)."""
+    tokenizer: bool = False
+    """A tokenizer.json is present (GET /models/{id}/tokenizer serves it)."""
+    files: tuple[ModelFile, ...] = ()
+
+
+class Model(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    id: str
+    source: Source
+    format: WeightFormat | None
+    status: ModelStatus
+    reason: str
+    revision: str | None
+    """The commit the pull pinned."""
+    facts: ModelFacts | None
+    rates: Rates | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class PullProgress(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    model: str
+    status: ModelStatus
+    reason: str
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+    bytes_per_second: int
+    eta_seconds: int | None
+    current_file: str | None = None
+
+
+class EngineFit(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    model: str
+    engine: Literal["vllm", "llamacpp"]
+    format: WeightFormat
+    fits: bool
+    reason: str

@@ -1,0 +1,75 @@
+"""The gateway counts with the tokenizer the registry pulled (P6): ``tokenizer: registry:<id>``."""
+
+from __future__ import annotations
+
+import contextlib
+
+import httpx
+import msgspec
+import pytest
+from tokenizers import Tokenizer
+
+from fleet_core.errors import ConfigError
+from fleet_core.gateway.app import create_gateway_app, open_resources
+from fleet_core.gateway.config import GatewayConfig, validate
+from fleet_core.settings import GatewaySettings, LogSettings, from_env
+from fleet_core.stub_engine import StubSettings, create_app, running_app
+
+from .conftest import ControlPlaneFactory, pull_to_end, register
+
+PROMPT = "the quick brown fox jumps over the lazy dog"
+
+
+@pytest.mark.parametrize("object_store", ["directory"], indirect=True)
+async def test_the_gateway_counts_with_the_registry_tokenizer(
+    start_control_plane: ControlPlaneFactory,
+) -> None:
+    plane = await start_control_plane()
+    async with httpx.AsyncClient(base_url=plane.url, timeout=30) as api:
+        await register(api, "fleet/tiny-safetensors", id="tiny")
+        assert (await pull_to_end(api, "tiny"))["status"] == "Ready"
+        served = (await api.get("/api/v1/models/tiny/tokenizer")).text
+    expected = len(Tokenizer.from_str(served).encode(PROMPT, add_special_tokens=False).ids)
+
+    config = msgspec.convert(
+        {
+            "upstreams": [
+                {"id": "m", "model": "m", "base_url": "http://x", "tokenizer": "registry:tiny"}
+            ]
+        },
+        GatewayConfig,
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        engine = await stack.enter_async_context(running_app(create_app(StubSettings(model="m"))))
+        config = msgspec.structs.replace(
+            config, upstreams=(msgspec.structs.replace(config.upstreams[0], base_url=engine),)
+        )
+        validate(config)
+        settings = GatewaySettings(
+            config=config, control_plane_url=plane.url, log=LogSettings(access=False)
+        )
+        resources = await stack.enter_async_context(open_resources(settings))
+        gateway = await stack.enter_async_context(
+            running_app(create_gateway_app(settings, resources))
+        )
+        async with httpx.AsyncClient(base_url=gateway) as http:
+            reply = await http.post(
+                "/v1/completions", json={"model": "m", "prompt": PROMPT, "max_tokens": 4}
+            )
+            assert reply.status_code == 200
+            (record,) = (await http.get("/api/v1/requests")).json()["data"]
+    assert record["gateway"]["method"] == "tokenizer:registry:tiny"
+    assert record["gateway"]["promptTokens"] == expected
+
+
+def test_a_registry_tokenizer_needs_the_control_plane_url() -> None:
+    config = msgspec.convert(
+        {
+            "upstreams": [
+                {"id": "m", "model": "m", "base_url": "http://x", "tokenizer": "registry:t"}
+            ]
+        },
+        GatewayConfig,
+    )
+    with pytest.raises(ConfigError, match="FLEET_CONTROL_PLANE_URL"):
+        from_env({}, config)
