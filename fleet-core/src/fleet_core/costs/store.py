@@ -69,6 +69,12 @@ UNION ALL
 SELECT 'gpu', cluster_id, NULL, NULL, NULL, sum(gpus * (b - a))::bigint FROM obs GROUP BY 2
 """
 
+
+def _offset(ts: str) -> str:
+    """A timestamptz expression as integer microseconds from the month's start."""
+    return f"round(date_part('epoch', {ts} - %(start)s) * 1e6)::bigint"
+
+
 # Per replica, events sorted by time: n = requests in flight after an event, len = the time to
 # the next distinct event. F(t) = ∫ SCALE/n over busy time before t, so a request's share is
 # F(end) − F(start), and a project's is Σ −delta × F over its events. Among events at the same
@@ -80,18 +86,27 @@ SELECT 'gpu', cluster_id, NULL, NULL, NULL, sum(gpus * (b - a))::bigint FROM obs
 # figures do not depend on the order Postgres adds them in: recomputing an unchanged month gives
 # the same result to the micro-unit. Times are µs from the month's start.
 SCALE = 2_520  # lcm(1..10)
-_KEY = "hashtextextended(coalesce(l.tenant, '') || chr(1) || coalesce(l.project, ''), 20261130)"
+
+
+def _hash(tenant: str, project: str) -> str:
+    """The 64-bit key of a (tenant, project): the same expression wherever it is computed."""
+    return f"hashtextextended({tenant} || chr(1) || {project}, 20261130)"
+
+
+_KEY = _hash("coalesce(l.tenant, '')", "coalesce(l.project, '')")
+# Requests on a replica in the month: each gives a start event (+1) and an end event (−1), clipped
+# to the month. Two branches of one UNION ALL, each a parallel scan, rather than a LATERAL VALUES
+# of two rows per request: that nested loop cost more than scanning the ledger twice.
+_IN_MONTH = "l.done_at > %(start)s AND l.received_at < %(end)s AND l.done_at > l.received_at"
 _USAGE = f"""
 WITH ev AS (
-    SELECT p.replica, {_KEY} AS key, x.t, x.d
-    FROM ledger l
-    JOIN endpoint_placements p ON p.endpoint = l.endpoint
-    CROSS JOIN LATERAL (VALUES
-        (round(date_part('epoch', greatest(l.received_at, %(start)s) - %(start)s) * 1e6)::bigint,
-         1),
-        (round(date_part('epoch', least(l.done_at, %(end)s) - %(start)s) * 1e6)::bigint, -1)
-    ) AS x (t, d)
-    WHERE l.done_at > %(start)s AND l.received_at < %(end)s AND l.done_at > l.received_at
+    SELECT p.replica, {_KEY} AS key, {_offset("greatest(l.received_at, %(start)s)")} AS t, 1 AS d
+    FROM ledger l JOIN endpoint_placements p ON p.endpoint = l.endpoint
+    WHERE {_IN_MONTH}
+    UNION ALL
+    SELECT p.replica, {_KEY}, {_offset("least(l.done_at, %(end)s)")}, -1
+    FROM ledger l JOIN endpoint_placements p ON p.endpoint = l.endpoint
+    WHERE {_IN_MONTH}
 ), swept AS (
     SELECT ev.*, sum(d) OVER w AS n, lead(t) OVER w AS next_t
     FROM ev
@@ -116,11 +131,14 @@ FROM summed s JOIN endpoint_placements p USING (replica)
 # of numbered keys would do too, but parallel workers cannot read temporary tables.) ``measure``
 # refuses a collision rather than merge two projects' shares.
 _KEYS = f"""
-SELECT coalesce(l.tenant, '') AS tenant, coalesce(l.project, '') AS project, {_KEY} AS key,
-       count(*) FILTER (WHERE p.endpoint IS NULL) AS unplaced
-FROM ledger l LEFT JOIN endpoint_placements p ON p.endpoint = l.endpoint
-WHERE l.done_at > %(start)s AND l.received_at < %(end)s AND l.endpoint IS NOT NULL
-GROUP BY 1, 2, 3
+SELECT tenant, project, {_hash("tenant", "project")} AS key, unplaced
+FROM (
+    SELECT coalesce(l.tenant, '') AS tenant, coalesce(l.project, '') AS project,
+           count(*) FILTER (WHERE p.endpoint IS NULL) AS unplaced
+    FROM ledger l LEFT JOIN endpoint_placements p ON p.endpoint = l.endpoint
+    WHERE l.done_at > %(start)s AND l.received_at < %(end)s AND l.endpoint IS NOT NULL
+    GROUP BY 1, 2
+) AS k
 """
 
 
@@ -222,8 +240,11 @@ class CostStore:
         found = Measurements()
         # A batch job over millions of rows: let the planner scan and join in parallel workers
         # (its estimates of the ledger filters are far below the truth), and sort in memory
-        # what fits.
+        # what fits. No JIT: these plans are costed far above jit_above_cost, and compiling
+        # them (with inlining and optimization, in the leader and every worker) took seconds
+        # that the expressions it sped up never gave back.
         for setting in (
+            "SET LOCAL jit = off",
             "SET LOCAL work_mem = '128MB'",
             "SET LOCAL parallel_setup_cost = 0",
             "SET LOCAL parallel_tuple_cost = 0",
