@@ -9,12 +9,11 @@ request always sees one consistent snapshot and never waits for the database.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from fleet_core.admission.keys import ANONYMOUS, KeyRing, Principal
+from fleet_core.admission.keys import ANONYMOUS, KeyRing, Principal, bearer_token, digest
 from fleet_core.admission.limits import Bucket
 from fleet_core.admission.policy import Limits, RatePolicy
 from fleet_core.errors import AuthenticationError, PermissionDenied
@@ -28,7 +27,6 @@ __all__ = [
     "Rates",
     "Scope",
     "StaticDirectory",
-    "bearer_token",
 ]
 
 BUCKET_CACHE_SIZE = 10_000
@@ -92,14 +90,6 @@ class Catalog:
             default=Limits(),
             default_max_tokens=default_max_tokens,
         )
-
-
-def bearer_token(authorization: str | None) -> str:
-    """The credential of an ``Authorization: Bearer`` header, or 401."""
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise AuthenticationError("Missing API key: send it as 'Authorization: Bearer <key>'.")
-    return token.strip()
 
 
 class Directory(Protocol):
@@ -219,7 +209,7 @@ class CatalogDirectory:
         return principal
 
     def lookup(self, secret: str) -> Principal | None:
-        entry = self._catalog.keys.get(hashlib.sha256(secret.encode("utf-8")).digest())
+        entry = self._catalog.keys.get(digest(secret))
         return None if entry is None else entry.principal
 
     def check_active(self, principal: Principal) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from fleet_core.errors import AuthenticationError, ConfigError
 
-__all__ = ["ANONYMOUS", "KeyRing", "Principal", "parse_keys"]
+__all__ = ["ANONYMOUS", "KeyRing", "Principal", "bearer_token", "digest", "parse_keys"]
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -33,8 +33,17 @@ class Principal:
 ANONYMOUS = Principal("anonymous", "none", "none")
 
 
-def _digest(secret: str) -> bytes:
+def digest(secret: str) -> bytes:
+    """SHA-256 of a presented key: what both key sources look keys up by."""
     return hashlib.sha256(secret.encode("utf-8")).digest()
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The credential of an ``Authorization: Bearer`` header, or 401."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthenticationError("Missing API key: send it as 'Authorization: Bearer <key>'.")
+    return token.strip()
 
 
 class KeyRing:
@@ -42,8 +51,8 @@ class KeyRing:
         self._by_digest: dict[bytes, Principal] = {}
         for key in keys:
             tenant, project, _ = key.split("/")
-            digest = _digest(key)
-            self._by_digest[digest] = Principal(tenant, project, "k_" + digest.hex()[:12])
+            found = digest(key)
+            self._by_digest[found] = Principal(tenant, project, "k_" + found.hex()[:12])
 
     def __len__(self) -> int:
         return len(self._by_digest)
@@ -51,14 +60,11 @@ class KeyRing:
     def lookup(self, secret: str) -> Principal | None:
         # A dict lookup on the digest: its timing depends on the digest, which an attacker
         # cannot steer towards a real key's, not on how many leading characters were right.
-        return self._by_digest.get(_digest(secret))
+        return self._by_digest.get(digest(secret))
 
     def authenticate(self, authorization: str | None) -> Principal:
         """The principal behind an ``Authorization: Bearer`` header, or 401."""
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise AuthenticationError("Missing API key: send it as 'Authorization: Bearer <key>'.")
-        principal = self.lookup(token.strip())
+        principal = self.lookup(bearer_token(authorization))
         if principal is None:
             raise AuthenticationError("Incorrect API key provided.")
         return principal

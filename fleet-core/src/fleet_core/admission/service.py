@@ -29,12 +29,16 @@ from fleet_core.admission.limits import (
 )
 from fleet_core.errors import RateLimited, ReservationTooLarge, Unavailable
 
-__all__ = ["Admission", "AdmissionMetrics", "Reservation"]
+__all__ = ["Admission", "AdmissionMetrics", "BudgetWait", "Reservation"]
 
 log = logging.getLogger("fleet.admission")
 OnStoreError = Literal["closed", "open"]
 SETTLE_WINDOW_S = 0.002
 """How long a settlement waits for others to share its round trip."""
+
+
+BudgetWait = Callable[[BudgetRule, int], Awaitable[float | None]]
+"""Seconds until a refusing rule's window frees enough to shed an excess; None if unknown."""
 
 
 class AdmissionMetrics(Protocol):
@@ -60,6 +64,7 @@ class Admission:
         store: LimitStore,
         metrics: AdmissionMetrics,
         budgets: BudgetBook | None = None,
+        budget_wait: BudgetWait | None = None,
         prefix: str = "",
         on_store_error: OnStoreError = "closed",
     ) -> None:
@@ -71,8 +76,7 @@ class Admission:
         self._on_store_error = on_store_error
         self._pending: dict[Bucket, int] = {}
         self._flusher: asyncio.Task[None] | None = None
-        self.on_refused_budget: Callable[[BudgetRule, int], Awaitable[float | None]] | None = None
-        """Seconds until a refusing rule's window frees enough (database mode sets it)."""
+        self._budget_wait = budget_wait
 
     @property
     def auth_required(self) -> bool:
@@ -150,8 +154,8 @@ class Admission:
         rule, excess = over[0]
         self._metrics.refused(level=rule.scope_kind, dimension=rule.dimension)
         wait = None
-        if self.on_refused_budget is not None:
-            waits = [await self.on_refused_budget(r, e) for r, e in over]
+        if self._budget_wait is not None:
+            waits = [await self._budget_wait(r, e) for r, e in over]
             known = [w for w in waits if w is not None]
             wait = max(known) if len(known) == len(waits) else None
         when = (

@@ -30,7 +30,7 @@ from fleet_core.admission.catalog import (
 )
 from fleet_core.admission.directory import BudgetRule, CatalogDirectory, Directory, StaticDirectory
 from fleet_core.admission.limits import LimitStore
-from fleet_core.admission.service import Admission
+from fleet_core.admission.service import Admission, BudgetWait
 from fleet_core.admission.store import BatchingStore, MemoryStore, open_redis_store
 from fleet_core.gateway.discovery import poll_endpoints
 from fleet_core.gateway.health import HealthChecker
@@ -145,6 +145,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     admission = Admission(
         directory=directory,
         budgets=database.budgets if database else None,
+        budget_wait=budget_wait(database) if database else None,
         store=resources.limits,
         metrics=metrics,
         prefix=settings.admission.redis_prefix,
@@ -179,7 +180,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(checker.run(router.current), name="health")]
         if database is not None:
-            tasks += database_tasks(database, admission)
+            tasks += database_tasks(database)
         if tokenizers is not None:
             with contextlib.suppress(TimeoutError):  # first requests counted right if we can
                 await asyncio.wait_for(tokenizers.fetch(registry_tokenizers()), timeout=5)
@@ -229,16 +230,12 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     return app
 
 
-def database_tasks(database: DatabaseMode, admission: Admission) -> list[asyncio.Task[None]]:
-    """The loops that keep database mode current: catalog, budget usage, keys' last use."""
-    pool, options = database.pool, database.settings
-    watcher = CatalogWatcher(
-        options.url, database.directory, poll_interval_s=options.catalog_poll_s
-    )
+def budget_wait(database: DatabaseMode) -> BudgetWait:
+    """How long until a refusing rule frees enough: read from its minutes, only when refusing."""
 
-    async def free_after_s(rule: BudgetRule, excess: int) -> float | None:
+    async def wait(rule: BudgetRule, excess: int) -> float | None:
         try:
-            async with pool.connection(timeout=2) as conn:
+            async with database.pool.connection(timeout=2) as conn:
                 minutes = await rule_minutes(conn, rule)
         except (psycopg.Error, OSError, TimeoutError):
             return None
@@ -250,7 +247,15 @@ def database_tasks(database: DatabaseMode, admission: Admission) -> list[asyncio
             unrolled=database.budgets.unrolled(rule.id),
         )
 
-    admission.on_refused_budget = free_after_s
+    return wait
+
+
+def database_tasks(database: DatabaseMode) -> list[asyncio.Task[None]]:
+    """The loops that keep database mode current: catalog, budget usage, keys' last use."""
+    pool, options = database.pool, database.settings
+    watcher = CatalogWatcher(
+        options.url, database.directory, poll_interval_s=options.catalog_poll_s
+    )
     return [
         asyncio.create_task(watcher.run(), name="catalog"),
         asyncio.create_task(
