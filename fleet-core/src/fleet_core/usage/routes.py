@@ -46,12 +46,7 @@ def _group(request: Request) -> GroupBy:
 
 def usage_routes(pool: AsyncConnectionPool) -> list[BaseRoute]:
     async def usage(request: Request) -> Response:
-        _reject_nul(request)
-        now = datetime.now(UTC)
-        start = _instant(request, "from", now - timedelta(days=1))
-        end = _instant(request, "to", now)
-        if end <= start:
-            raise InvalidRequest("to must be after from", param="to")
+        start, end = _window(request)
         project_id = request.query_params.get("projectId")
         tenant = request.query_params.get("tenantId")
         project = None
@@ -83,12 +78,7 @@ def usage_routes(pool: AsyncConnectionPool) -> list[BaseRoute]:
         )
 
     async def agreement(request: Request) -> Response:
-        _reject_nul(request)
-        now = datetime.now(UTC)
-        start = _instant(request, "from", now - timedelta(days=1))
-        end = _instant(request, "to", now)
-        if end <= start:
-            raise InvalidRequest("to must be after from", param="to")
+        start, end = _window(request)
         rows = await store.agreement(
             pool, start=start, end=end, model=request.query_params.get("model")
         )
@@ -100,6 +90,17 @@ def usage_routes(pool: AsyncConnectionPool) -> list[BaseRoute]:
         Route("/api/v1/usage", usage, methods=["GET"]),
         Route("/api/v1/usage-agreement", agreement, methods=["GET"]),
     ]
+
+
+def _window(request: Request) -> tuple[datetime, datetime]:
+    """``[from, to)`` from the query (default: the last 24 hours), after rejecting NULs."""
+    _reject_nul(request)
+    now = datetime.now(UTC)
+    start = _instant(request, "from", now - timedelta(days=1))
+    end = _instant(request, "to", now)
+    if end <= start:
+        raise InvalidRequest("to must be after from", param="to")
+    return start, end
 
 
 def _reject_nul(request: Request) -> None:
