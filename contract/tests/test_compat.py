@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from fleet_contract import compat, report_schema
+from fleet_contract import compat, report_schema, weights_schema
 
 CONTRACT = Path(__file__).parents[1]
 INVENTORY = Path("src/fleet_contract/inventory.py")
+WEIGHTS = Path("src/fleet_contract/weights.py")
 VERSION = Path("src/fleet_contract/_version.py")
 
 
@@ -42,7 +43,8 @@ def run_on_copy(
 def test_unchanged_contract_passes(tmp_path: Path) -> None:
     result = run_on_copy(tmp_path, {})
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "compatible with 1.0.0" in result.stdout
+    assert "inventory: ok: compatible with 1.1.0" in result.stdout
+    assert "weights: ok: compatible with 1.1.0" in result.stdout
 
 
 BREAKING = {
@@ -89,7 +91,7 @@ def test_breaking_change_fails_without_major_bump(tmp_path: Path, kind: str) -> 
 @pytest.mark.parametrize("kind", sorted(BREAKING))
 def test_breaking_change_passes_with_major_bump(tmp_path: Path, kind: str) -> None:
     old, new, _ = BREAKING[kind]
-    bump = ('__version__ = "1.0.0"', '__version__ = "2.0.0"')
+    bump = ('__version__ = "1.1.0"', '__version__ = "2.0.0"')
     result = run_on_copy(tmp_path, {INVENTORY: (old, new), VERSION: bump})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "major bump" in result.stdout
@@ -104,21 +106,35 @@ def test_added_optional_field_passes(tmp_path: Path) -> None:
 
 def test_minor_bump_with_breaking_change_still_fails(tmp_path: Path) -> None:
     old, new, _ = BREAKING["removed"]
-    bump = ('__version__ = "1.0.0"', '__version__ = "1.1.0"')
+    bump = ('__version__ = "1.1.0"', '__version__ = "1.2.0"')
     result = run_on_copy(tmp_path, {INVENTORY: (old, new), VERSION: bump})
     assert result.returncode == 1
 
 
 def test_version_older_than_the_last_snapshot_fails(tmp_path: Path) -> None:
-    bump = ('__version__ = "1.0.0"', '__version__ = "0.9.0"')
+    bump = ('__version__ = "1.1.0"', '__version__ = "1.0.5"')
     result = run_on_copy(tmp_path, {VERSION: bump})
     assert result.returncode == 1
-    assert "older than 1.0.0" in result.stdout
+    assert "older than 1.1.0" in result.stdout
 
 
-def test_the_committed_snapshot_matches_the_released_types() -> None:
-    snapshot = json.loads((CONTRACT / "schemas" / "inventory-v1.0.0.json").read_text())
-    assert compat.compare(snapshot, report_schema()) == []
+def test_the_committed_snapshots_match_the_released_types() -> None:
+    schemas = CONTRACT / "schemas"
+    since_1_0 = compat.compare(json.loads((schemas / "inventory-v1.0.0.json").read_text()),
+                               report_schema())  # fmt: skip
+    assert [(c.path, c.breaking) for c in since_1_0] == [("$.deployments[].registryModel", False)]
+    assert compat.compare(json.loads((schemas / "inventory-v1.1.0.json").read_text()),
+                          report_schema()) == []  # fmt: skip
+    assert compat.compare(json.loads((schemas / "weights-v1.1.0.json").read_text()),
+                          weights_schema()) == []  # fmt: skip
+
+
+def test_a_breaking_change_to_the_weights_document_fails(tmp_path: Path) -> None:
+    edit = ("    sha256: Sha256\n", "    digest: Sha256\n")
+    result = run_on_copy(tmp_path, {WEIGHTS: edit})
+    assert result.returncode == 1, result.stdout
+    assert "BREAKING removed at $.files[].sha256" in result.stdout
+    assert "inventory: ok" in result.stdout
 
 
 def test_compare_reports_enum_additions_and_loosened_bounds() -> None:

@@ -1,4 +1,5 @@
-"""The inventory contract between fleet-serving (writer) and fleet-core (reader).
+"""The contract between fleet-serving and fleet-core: the inventory report fleet-serving writes
+and fleet-core reads, and a registry model's weights fleet-core serves and fleet-serving reads.
 
 It imports no code of ours and nothing but msgspec, so both services can depend on it without
 depending on each other. Its version is its own (``__version__``; ADR 0001).
@@ -21,6 +22,13 @@ from fleet_contract.inventory import (
     Phase,
     WeightFormat,
 )
+from fleet_contract.weights import (
+    ModelWeights,
+    WeightFile,
+    decode_weights,
+    encode_weights,
+    weights_schema,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -33,13 +41,18 @@ __all__ = [
     "InventoryReport",
     "MigSlice",
     "ModelDeployment",
+    "ModelWeights",
     "Node",
     "NodeLabels",
     "Phase",
     "UnsupportedSchemaVersion",
+    "WeightFile",
     "WeightFormat",
     "__version__",
     "decode_report",
+    "decode_weights",
     "encode_report",
+    "encode_weights",
     "report_schema",
+    "weights_schema",
 ]

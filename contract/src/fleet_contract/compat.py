@@ -1,9 +1,11 @@
-"""The compatibility check: the current report types against the last released schema snapshot.
+"""The compatibility check: the current wire types against the last released schema snapshots.
 
-Run as ``python -m fleet_contract.compat`` (``make check`` and CI do). Each released version of the
-contract has a JSON Schema snapshot in ``contract/schemas/inventory-v{X.Y.Z}.json``. The check
-diffs the schema of the types in this checkout against the newest snapshot and fails on a breaking
-change unless the major version was bumped (ADR 0001 gives the rules and why each one breaks).
+Run as ``python -m fleet_contract.compat`` (``make check`` and CI do). The contract has two
+documents, the inventory report and a registry model's weights; each released version has a JSON
+Schema snapshot of each in ``contract/schemas/{document}-v{X.Y.Z}.json``. The check diffs the
+schema of the types in this checkout against each document's newest snapshot and fails on a
+breaking change unless the major version was bumped (ADR 0001 gives the rules and why each one
+breaks).
 
 Breaking, from the point of view of a reader and a writer one version apart:
   removed      a field an older writer sends, or an older reader needs, is gone (renames too)
@@ -21,7 +23,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from typing import Any
 __all__ = ["Change", "CheckResult", "check", "compare", "main"]
 
 Schema = Mapping[str, Any]
-SNAPSHOT = re.compile(r"^inventory-v(\d+)\.(\d+)\.(\d+)\.json$")
+SNAPSHOT = re.compile(r"^(?P<document>[a-z]+)-v(\d+)\.(\d+)\.(\d+)\.json$")
 DEFAULT_SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 _LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems")
 _UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems")
@@ -176,11 +178,11 @@ def parse_version(text: str) -> Version:
     return major, minor, patch
 
 
-def snapshots(directory: Path) -> Iterator[tuple[Version, Path]]:
-    """Released versions found in ``directory``, in no particular order."""
-    for path in directory.glob("inventory-v*.json"):
-        if match := SNAPSHOT.match(path.name):
-            yield (int(match[1]), int(match[2]), int(match[3])), path
+def snapshots(directory: Path, document: str = "inventory") -> Iterator[tuple[Version, Path]]:
+    """Released versions of ``document`` found in ``directory``, in no particular order."""
+    for path in directory.glob(f"{document}-v*.json"):
+        if (match := SNAPSHOT.match(path.name)) and match["document"] == document:
+            yield (int(match[2]), int(match[3]), int(match[4])), path
 
 
 @dataclass(frozen=True)
@@ -191,9 +193,11 @@ class CheckResult:
     message: str
 
 
-def check(current: Schema, version: Version, directory: Path) -> CheckResult:
+def check(
+    current: Schema, version: Version, directory: Path, document: str = "inventory"
+) -> CheckResult:
     """Judge the current schema at ``version`` against the newest snapshot in ``directory``."""
-    found = sorted(snapshots(directory))
+    found = sorted(snapshots(directory, document))
     if not found:
         return CheckResult(False, None, [], f"no snapshot in {directory}: nothing to compare with")
     baseline, path = found[-1]
@@ -213,9 +217,11 @@ def _fmt(version: Version) -> str:
     return ".".join(map(str, version))
 
 
-def write_snapshot(current: Schema, version: Version, directory: Path) -> Path:
+def write_snapshot(
+    current: Schema, version: Version, directory: Path, document: str = "inventory"
+) -> Path:
     """Record ``current`` as the released schema of ``version``; a released one never changes."""
-    path = directory / f"inventory-v{_fmt(version)}.json"
+    path = directory / f"{document}-v{_fmt(version)}.json"
     text = json.dumps(current, indent=2, sort_keys=True) + "\n"
     if path.exists() and path.read_text() != text:
         raise SystemExit(f"{path.name} is released and differs; bump the version instead")
@@ -223,8 +229,15 @@ def write_snapshot(current: Schema, version: Version, directory: Path) -> Path:
     return path
 
 
+def documents() -> dict[str, Callable[[], Schema]]:
+    """Each document of the contract and the function giving its current schema."""
+    from fleet_contract import report_schema, weights_schema
+
+    return {"inventory": report_schema, "weights": weights_schema}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    from fleet_contract import __version__, report_schema
+    from fleet_contract import __version__
 
     parser = argparse.ArgumentParser(
         prog="python -m fleet_contract.compat",
@@ -238,15 +251,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="record the current schema as this version's release snapshot",
     )
     args = parser.parse_args(argv)
-    version, current = parse_version(__version__), report_schema()
-    if args.write_snapshot:
-        print(f"wrote {write_snapshot(current, version, args.schemas)}")
-        return 0
-    result = check(current, version, args.schemas)
-    for change in result.changes:
-        print(f"  {change}")
-    print(f"contract {__version__}: {'ok' if result.ok else 'FAILED'}: {result.message}")
-    return 0 if result.ok else 1
+    version = parse_version(__version__)
+    ok = True
+    for document, schema in documents().items():
+        if args.write_snapshot:
+            print(f"wrote {write_snapshot(schema(), version, args.schemas, document)}")
+            continue
+        result = check(schema(), version, args.schemas, document)
+        for change in result.changes:
+            print(f"  {change}")
+        verdict = "ok" if result.ok else "FAILED"
+        print(f"contract {__version__}, {document}: {verdict}: {result.message}")
+        ok = ok and result.ok
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -104,6 +104,9 @@ class ModelDeployment(msgspec.Struct, kw_only=True, frozen=True, rename="camel")
     phase: Phase
     reason: str = ""
     endpoints: tuple[Endpoint, ...] = ()
+    registry_model: str | None = None
+    """The registry model id when the FleetModel's source is ``registry:`` (since 1.1.0), so the
+    control plane knows which models are in use."""
 
 
 class InventoryReport(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
