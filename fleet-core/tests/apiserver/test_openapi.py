@@ -59,6 +59,8 @@ DATABASE = {
     ("GET", "/api/v1/models"),
     *((m, "/api/v1/models/{model_id}") for m in ("GET", "PATCH", "DELETE")),
     ("GET", "/api/v1/models/{model_id}/tokenizer"),
+    ("GET", "/api/v1/models/{model_id}/weights"),
+    ("GET", "/api/v1/models/{model_id}/files/{name}"),
     ("GET", "/api/v1/models/{model_id}/fit"),
     *((m, "/api/v1/models/{model_id}/pull") for m in ("POST", "GET", "DELETE")),
     ("GET", "/api/v1/models/{model_id}/pull/events"),

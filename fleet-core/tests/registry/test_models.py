@@ -132,3 +132,22 @@ async def test_deleting_a_model_mid_pull_cancels_it_and_removes_its_objects(
     assert await objects.keys(".partial/models/slow/") == []
     again = await api.post("/api/v1/models", json={"id": "slow", "source": {"uri": "hf://a/b"}})
     assert again.status_code == 201  # the id is free again
+
+
+@directory_only
+async def test_delete_is_refused_while_a_fleetmodel_names_the_model_as_its_source(
+    api: httpx.AsyncClient,
+) -> None:
+    await register(api, "fleet/tiny-gguf", id="tiny")
+    report = json.loads((CONTRACT_FIXTURES / "v1-full.json").read_text())
+    deployment = {**report["deployments"][0], "name": "chat", "servedModelName": "chat"}
+    report["deployments"] = [deployment]
+    assert (await api.put("/api/v1/inventory", json=report)).status_code == 200
+    assert (await api.delete("/api/v1/models/tiny")).status_code == 200  # "chat" is not it
+    await register(api, "fleet/tiny-gguf", id="tiny")
+    report["deployments"] = [deployment | {"registryModel": "tiny"}]
+    report["observedAt"] = "2099-01-01T00:00:00Z"
+    assert (await api.put("/api/v1/inventory", json=report)).status_code == 200
+    refused = await api.delete("/api/v1/models/tiny")
+    assert refused.status_code == 409
+    assert "/chat" in refused.json()["error"]["message"]

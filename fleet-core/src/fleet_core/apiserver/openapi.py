@@ -58,6 +58,8 @@ class Operation:
     status: int = 200
     query: tuple[str, ...] = ()
     errors: tuple[int, ...] = ()
+    media_type: str = "application/json"
+    """Another type (``application/octet-stream``) is a body of bytes, with no ``response``."""
 
 
 _TENANT = "/api/v1/tenants/{tenant_id}"
@@ -236,6 +238,18 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         response=dict[str, Any],
         errors=(404,),
     ),
+    ("GET", f"{_MODEL}/weights"): Operation(
+        "The model's state and, once Ready, its files with size and sha256: the contract's "
+        "ModelWeights (fleet_contract), read by the operator for registry: sources",
+        response=fleet_contract.ModelWeights,
+        errors=(404,),
+    ),
+    ("GET", f"{_MODEL}/files/{{name}}"): Operation(
+        "One of a Ready model's files (a name in facts.files), streamed; Content-Length, "
+        'ETag "<sha256>" and X-Fleet-Sha256 come from the facts; 409 before the model is Ready',
+        media_type="application/octet-stream",
+        errors=(404, 409),
+    ),
     ("GET", f"{_MODEL}/fit"): Operation(
         "Can ?engine=vllm|llamacpp load this model? 409 with the reason when it cannot",
         response=registry.EngineFit,
@@ -315,7 +329,7 @@ def _operation(
         "summary": operation.summary,
         "parameters": _parameters(path, operation.query),
         "responses": {
-            str(operation.status): _json("Success", _body(operation.response, schema_of)),
+            str(operation.status): _success(operation, schema_of),
             **{str(s): _json(_ERRORS[s], schema_of[ErrorEnvelope]) for s in operation.errors},
         },
     }
@@ -325,6 +339,12 @@ def _operation(
             "content": {"application/json": {"schema": schema_of[operation.body]}},
         }
     return doc
+
+
+def _success(operation: Operation, schema_of: dict[Any, Any]) -> dict[str, Any]:
+    if operation.media_type != "application/json":
+        return {"description": "Success", "content": {operation.media_type: {}}}
+    return _json("Success", _body(operation.response, schema_of))
 
 
 def _body(response: Any, schema_of: dict[Any, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""HTTP edge of the model registry: models, their pulls (with an event stream) and tokenizers."""
+"""HTTP edge of the model registry: models, their pulls (with an event stream), tokenizers and
+the files of Ready models (what the operator's init container downloads)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from fleet_contract import encode_weights
 from fleet_core import web
 from fleet_core.registry.service import RegistryService
 from fleet_core.registry.wire import ModelCreate, ModelPatch, PullProgress
@@ -17,6 +19,7 @@ __all__ = ["registry_routes"]
 
 _CREATE = msgspec.json.Decoder(ModelCreate)
 _PATCH = msgspec.json.Decoder(ModelPatch)
+_OCTETS = "application/octet-stream"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -44,6 +47,23 @@ class _Models:
     async def tokenizer(self, request: Request) -> Response:
         body = await self.service.tokenizer(request.path_params["model_id"])
         return StreamingResponse(body, media_type="application/json")
+
+    async def file(self, request: Request) -> Response:
+        params = request.path_params
+        stored = await self.service.file(params["model_id"], params["name"])
+        sha256 = stored.file.sha256
+        headers = {
+            "Content-Length": str(stored.file.size),
+            "ETag": f'"{sha256}"',
+            "X-Fleet-Sha256": sha256,
+        }
+        if request.method == "HEAD":  # the headers alone: nothing is read from the store
+            return Response(headers=headers, media_type=_OCTETS)
+        return StreamingResponse(stored.body, headers=headers, media_type=_OCTETS)
+
+    async def weights(self, request: Request) -> Response:
+        weights = await self.service.weights(request.path_params["model_id"])
+        return Response(encode_weights(weights), media_type="application/json")
 
     async def fit(self, request: Request) -> Response:
         engine = request.query_params.get("engine", "")
@@ -87,6 +107,8 @@ def registry_routes(service: RegistryService) -> list[BaseRoute]:
         Route(one, models.patch, methods=["PATCH"]),
         Route(one, models.delete, methods=["DELETE"]),
         Route(f"{one}/tokenizer", models.tokenizer, methods=["GET"]),
+        Route(f"{one}/weights", models.weights, methods=["GET"]),
+        Route(f"{one}/files/{{name:path}}", models.file, methods=["GET"]),  # HEAD too
         Route(f"{one}/fit", models.fit, methods=["GET"]),
         Route(f"{one}/pull", pulls.start, methods=["POST"]),
         Route(f"{one}/pull", pulls.get, methods=["GET"]),

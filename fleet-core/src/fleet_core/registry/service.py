@@ -13,11 +13,13 @@ import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_contract import ModelWeights, WeightFile
 from fleet_core.errors import Conflict, InvalidRequest, NotFound
 from fleet_core.inventory.store import InventoryStore
 from fleet_core.registry import verifying
@@ -31,12 +33,13 @@ from fleet_core.registry.wire import (
     EngineFit,
     Model,
     ModelCreate,
+    ModelFile,
     ModelPatch,
     PullProgress,
     Source,
 )
 
-__all__ = ["RegistryService", "hub_location", "open_object_store"]
+__all__ = ["RegistryService", "StoredFile", "hub_location", "open_object_store"]
 
 log = logging.getLogger("fleet.registry")
 
@@ -81,6 +84,17 @@ def _model(record: ModelRecord) -> Model:
         created_at=record.created_at,
         updated_at=record.updated_at,
     )
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """One of a Ready model's files, as its facts list it, and its bytes from the object store.
+
+    ``body`` reads nothing until it is iterated: a HEAD answers from ``file`` alone.
+    """
+
+    file: ModelFile
+    body: AsyncIterator[bytes]
 
 
 @contextlib.asynccontextmanager
@@ -172,7 +186,7 @@ class RegistryService:
             f"{r.cluster_id}/{d.namespace}/{d.name}"
             for r in reports
             for d in r.deployments
-            if model_id in (d.served_model_name, d.name)
+            if model_id in (d.registry_model, d.served_model_name, d.name)
         )
 
     async def fit(self, model_id: str, engine: str) -> EngineFit:
@@ -204,6 +218,39 @@ class RegistryService:
                 code="tokenizer_not_found",
             )
         return self.objects.stream(object_prefix(model_id) + "tokenizer.json")
+
+    async def weights(self, model_id: str) -> ModelWeights:
+        """The contract's view of a model for the operator: its state, and its files once Ready."""
+        record = await self._record(model_id)
+        facts = record.facts if record.status == "Ready" else None
+        files = tuple(WeightFile(path=f.path, size=f.size, sha256=f.sha256)
+                      for f in (facts.files if facts else ()))  # fmt: skip
+        return ModelWeights(
+            model_id=record.id,
+            status=record.status,
+            reason=record.reason or None,
+            format=facts.format if facts else record.format,
+            files=files,
+        )
+
+    async def file(self, model_id: str, name: str) -> StoredFile:
+        """A file named in the Ready model's ``facts.files``; only those names reach the store,
+        so no name (``../other/tokenizer.json``) can read an object outside the model."""
+        record = await self._record(model_id)
+        if record.status != "Ready" or record.facts is None:
+            raise Conflict(
+                f"model {model_id!r} is {record.status}; its files are served once it is Ready",
+                code="model_not_ready",
+            )
+        listed = next((f for f in record.facts.files if f.path == name), None)
+        if listed is None:
+            raise NotFound(
+                f"model {model_id!r} has no file {name!r}; GET /api/v1/models/{model_id} lists "
+                "its files (facts.files)",
+                param="name",
+                code="file_not_found",
+            )
+        return StoredFile(listed, self.objects.stream(object_prefix(model_id) + listed.path))
 
     # --- pulls -------------------------------------------------------------------------------
     async def start_pull(self, model_id: str) -> PullProgress:
