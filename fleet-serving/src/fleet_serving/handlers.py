@@ -3,7 +3,8 @@
 Handlers are registered on a registry built by :func:`build_registry` (no module-level
 decorators, so importing this module starts nothing), and take their dependencies from kopf's
 ``memo`` (:class:`Deps`). Decisions are delegated to pure modules (rendering, profiles, placement,
-statuses); the only I/O here goes through :class:`fleet_serving.kube.Kube`.
+statuses, sources); the only I/O here goes through :class:`fleet_serving.kube.Kube` and, for
+``registry:`` sources, :class:`fleet_serving.control_plane.WeightsClient`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from typing import Any
 import kopf
 import msgspec
 
-from fleet_serving import observing, profiles, rendering, statuses
+from fleet_serving import observing, profiles, rendering, sources, statuses
+from fleet_serving.control_plane import WeightsClient, WeightsUnavailable
 from fleet_serving.errors import InvalidSpec, KubernetesError
 from fleet_serving.kube import Kube
-from fleet_serving.spec import GROUP, PLURAL, VERSION, decode_spec
+from fleet_serving.sources import RegistryWeights
+from fleet_serving.spec import GROUP, PLURAL, VERSION, FleetModelSpec, decode_spec
 from fleet_serving.view import ClusterView, Key
 
 __all__ = ["Deps", "build_registry"]
@@ -37,6 +40,9 @@ class Deps:
 
     view: ClusterView
     kube: Kube
+    weights: WeightsClient
+    weights_retry_s: float = 15.0
+    """How soon a model waiting for its registry weights is looked at again."""
 
 
 def _now() -> str:
@@ -74,10 +80,11 @@ async def reconcile(body: kopf.Body, deps: Deps, logger: Any) -> None:
     except InvalidSpec:
         await publish_status(deps, key)  # Failed, with the reason
         raise
+    registry = await _resolve_registry(deps, key, spec)
     owner = rendering.Owner(name=seen.name, namespace=seen.namespace, uid=body.metadata.uid or "")
     try:
         for desired in (
-            rendering.deployment(owner, spec, profile),
+            rendering.deployment(owner, spec, profile, registry),
             rendering.service(owner, profile),
         ):
             done = await deps.kube.ensure(desired)
@@ -86,6 +93,26 @@ async def reconcile(body: kopf.Body, deps: Deps, logger: Any) -> None:
     except KubernetesError as exc:
         raise _temporary(exc) from exc
     await publish_status(deps, key)
+
+
+async def _resolve_registry(deps: Deps, key: Key, spec: FleetModelSpec) -> RegistryWeights | None:
+    """A ``registry:`` source's Ready model. While its files cannot be fetched, the status says
+    why (Pending, WeightsNotReady), nothing is rendered, and kopf retries after a delay."""
+    if spec.source.registry is None:
+        return None
+    try:
+        registry = await deps.weights.resolve(spec.source.registry)
+        sources.check(spec, registry.weights)
+    except WeightsUnavailable as exc:
+        deps.view.put_source(key, unavailable=str(exc), error=None)
+        await publish_status(deps, key)
+        raise kopf.TemporaryError(str(exc), delay=deps.weights_retry_s) from exc
+    except InvalidSpec as exc:
+        deps.view.put_source(key, unavailable=None, error=str(exc))
+        await publish_status(deps, key)
+        raise
+    deps.view.put_source(key, unavailable=None, error=None)
+    return registry
 
 
 def _model_of(body: kopf.Body) -> Key:

@@ -19,6 +19,7 @@ import kopf
 from kubernetes_asyncio import client, config
 
 from fleet_serving import settings as settings_module
+from fleet_serving.control_plane import WeightsClient
 from fleet_serving.errors import ConfigError
 from fleet_serving.handlers import Deps, build_registry
 from fleet_serving.kube import Kube
@@ -58,7 +59,12 @@ async def run(settings: Settings) -> None:
     kopf.on.login(registry=registry)(kopf.login_via_async_client)
     async with client.ApiClient(configuration) as api, aiohttp.ClientSession() as session:
         view = ClusterView()
-        deps = Deps(view=view, kube=Kube(api))
+        deps = Deps(
+            view=view,
+            kube=Kube(api),
+            weights=WeightsClient(session, settings.reporter.url),
+            weights_retry_s=min(15.0, settings.resync_seconds),
+        )
         reporter = Reporter(settings.reporter, view, session)
         reporting = asyncio.create_task(reporter.run(), name="inventory-reporter")
         try:

@@ -10,13 +10,15 @@ from __future__ import annotations
 import msgspec
 
 from fleet_contract import Engine, WeightFormat
+from fleet_serving import sources
 from fleet_serving.errors import InvalidSpec
+from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import FleetModelSpec
 
 __all__ = ["LLAMACPP", "PROFILES", "VLLM", "EngineProfile", "check", "engine_args", "profile_for"]
 
 MODEL_DIR = "/models"
-"""Where an ``s3://`` source is copied before the engine starts."""
+"""Where an ``s3://`` or ``registry:`` source is copied before the engine starts."""
 
 
 class EngineProfile(msgspec.Struct, kw_only=True, frozen=True):
@@ -70,23 +72,31 @@ def check(spec: FleetModelSpec) -> EngineProfile:
     return profile
 
 
-def _model_args(spec: FleetModelSpec, profile: EngineProfile) -> list[str]:
-    source = spec.source
+def _model_args(
+    spec: FleetModelSpec, profile: EngineProfile, registry: RegistryWeights | None
+) -> list[str]:
+    """Where the engine loads from: the Hugging Face hub itself, or the folder filled before it
+    starts (a ``registry:`` source needs ``registry``, the resolved model)."""
+    hf = spec.source.hugging_face
     if profile.engine == "vllm":
-        if source.hugging_face is not None:
-            hf = source.hugging_face
+        if hf is not None:
             return ["--model", hf.repo, "--revision", hf.revision]
-        return ["--model", MODEL_DIR if source.uri else str(source.registry)]
-    if source.hugging_face is not None:
-        return ["--hf-repo", source.hugging_face.repo]
-    if source.uri is not None:
+        return ["--model", MODEL_DIR]
+    if hf is not None:
+        return ["--hf-repo", hf.repo]
+    if spec.source.uri is not None:
         return ["--model", f"{MODEL_DIR}/model.gguf"]
-    return ["--hf-repo", str(source.registry)]
+    gguf = sources.gguf_file(registry.weights) if registry is not None else None
+    if gguf is None:
+        raise InvalidSpec(f"registry model {spec.source.registry!r} has no .gguf file to load")
+    return ["--model", f"{MODEL_DIR}/{gguf}"]
 
 
-def engine_args(spec: FleetModelSpec, profile: EngineProfile) -> list[str]:
+def engine_args(
+    spec: FleetModelSpec, profile: EngineProfile, registry: RegistryWeights | None = None
+) -> list[str]:
     """The engine's arguments: model, name, port, parallelism, then the user's own."""
-    args = _model_args(spec, profile)
+    args = _model_args(spec, profile, registry)
     if profile.engine == "vllm":
         args += ["--served-model-name", spec.served_model_name]
         args += ["--host", "0.0.0.0", "--port", str(profile.port)]

@@ -11,8 +11,9 @@ from typing import Any
 
 import msgspec
 
-from fleet_serving import profiles
+from fleet_serving import profiles, sources
 from fleet_serving.profiles import EngineProfile
+from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import GROUP, KIND, VERSION, FleetModelSpec
 
 __all__ = [
@@ -100,7 +101,9 @@ def _probes(profile: EngineProfile) -> Obj:
     }
 
 
-def _container(owner: Owner, spec: FleetModelSpec, profile: EngineProfile) -> Obj:
+def _container(
+    owner: Owner, spec: FleetModelSpec, profile: EngineProfile, registry: RegistryWeights | None
+) -> Obj:
     secret = spec.api_key_secret
     key_ref = {
         "name": secret.name if secret else f"{owner.name}-api-key",
@@ -109,7 +112,7 @@ def _container(owner: Owner, spec: FleetModelSpec, profile: EngineProfile) -> Ob
     return {
         "name": "engine",
         "image": spec.image or profile.image,
-        "args": profiles.engine_args(spec, profile),
+        "args": profiles.engine_args(spec, profile, registry),
         "ports": [{"name": "http", "containerPort": profile.port, "protocol": "TCP"}],
         "env": [{"name": profile.api_key_env, "valueFrom": {"secretKeyRef": key_ref}}],
         "resources": _resources(spec),
@@ -120,8 +123,21 @@ def _container(owner: Owner, spec: FleetModelSpec, profile: EngineProfile) -> Ob
     } | _probes(profile)
 
 
-def _fetcher(spec: FleetModelSpec) -> list[Obj]:
-    """An init container copying an ``s3://`` source into the shared model volume."""
+def _fetcher(spec: FleetModelSpec, registry: RegistryWeights | None) -> list[Obj]:
+    """An init container filling the shared model volume from an ``s3://`` or ``registry:``
+    source; a Hugging Face source is fetched by the engine itself."""
+    mounts = [{"name": "models", "mountPath": profiles.MODEL_DIR}]
+    if registry is not None:
+        return [
+            {
+                "name": "fetch-weights",
+                "image": sources.FETCH_IMAGE,
+                "command": ["sh", "-c", sources.FETCH_SCRIPT, "fetch-weights"],
+                "args": sources.fetch_args(registry),
+                "env": [{"name": "MODEL_DIR", "value": profiles.MODEL_DIR}],
+                "volumeMounts": mounts,
+            }
+        ]
     if spec.source.uri is None:
         return []
     if spec.weight_format == "gguf":
@@ -129,7 +145,6 @@ def _fetcher(spec: FleetModelSpec) -> list[Obj]:
     else:
         target, extra = profiles.MODEL_DIR, ["--recursive"]
     command = ["aws", "s3", "cp", spec.source.uri, target, *extra]
-    mounts = [{"name": "models", "mountPath": profiles.MODEL_DIR}]
     return [{"name": "fetch-weights", "image": "amazon/aws-cli:2", "args": command[1:]}
             | {"volumeMounts": mounts}]  # fmt: skip
 
@@ -143,10 +158,12 @@ def _tolerations(spec: FleetModelSpec) -> list[Obj]:
     return given
 
 
-def _pod_spec(owner: Owner, spec: FleetModelSpec, profile: EngineProfile) -> Obj:
+def _pod_spec(
+    owner: Owner, spec: FleetModelSpec, profile: EngineProfile, registry: RegistryWeights | None
+) -> Obj:
     pod: Obj = {
-        "containers": [_container(owner, spec, profile)],
-        "initContainers": _fetcher(spec),
+        "containers": [_container(owner, spec, profile, registry)],
+        "initContainers": _fetcher(spec, registry),
         "volumes": [
             {"name": "models", "emptyDir": {}},
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
@@ -162,8 +179,16 @@ def _pod_spec(owner: Owner, spec: FleetModelSpec, profile: EngineProfile) -> Obj
     return {k: v for k, v in pod.items() if v != [] and v != {}}
 
 
-def deployment(owner: Owner, spec: FleetModelSpec, profile: EngineProfile) -> Obj:
-    """The Deployment running ``spec.replicas`` engine pods."""
+def deployment(
+    owner: Owner,
+    spec: FleetModelSpec,
+    profile: EngineProfile,
+    registry: RegistryWeights | None = None,
+) -> Obj:
+    """The Deployment running ``spec.replicas`` engine pods. A ``registry:`` source needs
+    ``registry``, the resolved model (:mod:`fleet_serving.sources`)."""
+    if spec.source.registry is not None and registry is None:
+        raise ValueError("a registry: source is rendered only once resolved")
     labels = common_labels(owner.name)
     annotations = {
         "prometheus.io/scrape": "true",
@@ -182,7 +207,7 @@ def deployment(owner: Owner, spec: FleetModelSpec, profile: EngineProfile) -> Ob
             "strategy": strategy,
             "template": {
                 "metadata": {"labels": labels, "annotations": annotations},
-                "spec": _pod_spec(owner, spec, profile),
+                "spec": _pod_spec(owner, spec, profile, registry),
             },
         },
     }

@@ -2,7 +2,8 @@
 
 Phases: ``Failed`` (the spec can never run: wrong weight format for the engine, …),
 ``Scheduling`` (no node can take a replica, or the scheduler says a pod is Unschedulable),
-``Pending`` (placed, not all replicas ready yet), ``Ready`` (every desired replica ready).
+``Pending`` (placed, not all replicas ready yet, or a ``registry:`` model whose files cannot be
+fetched yet and no replica serving), ``Ready`` (every desired replica ready).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Observation(msgspec.Struct, kw_only=True, frozen=True):
     spec_error: str | None = None
     unplaceable: str | None = None
     unschedulable: str | None = None
+    weights_unavailable: str | None = None
     desired: int = 0
     ready: int = 0
     endpoints: tuple[str, ...] = ()
@@ -37,6 +39,8 @@ def _phase(seen: Observation) -> tuple[Phase, str, str]:
         return "Scheduling", "NoFittingNode", seen.unplaceable
     if seen.unschedulable is not None:
         return "Scheduling", "Unschedulable", seen.unschedulable
+    if seen.weights_unavailable is not None and seen.ready == 0:
+        return "Pending", "WeightsNotReady", seen.weights_unavailable
     if seen.ready >= seen.desired:
         return "Ready", "ReplicasReady", f"{seen.ready}/{seen.desired} replicas ready"
     return "Pending", "Starting", f"{seen.ready}/{seen.desired} replicas ready"

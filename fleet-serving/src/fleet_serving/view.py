@@ -75,6 +75,10 @@ class ClusterView:
         self.deployments: dict[Key, tuple[int, int]] = {}
         self.slices: dict[Key, tuple[str, tuple[Endpoint, ...]]] = {}
         self.unschedulable: dict[Key, dict[str, str]] = {}
+        self.weights_unavailable: dict[Key, str] = {}
+        """Why a ``registry:`` model's files cannot be fetched yet, while that is so."""
+        self.source_errors: dict[Key, str] = {}
+        """Why a resolved ``registry:`` model can never serve as specified (wrong format, …)."""
         self.changed = asyncio.Event()
         self._placements: dict[tuple[Any, ...], str | None] = {}
         """Placement reasons by what they depend on; cleared when any node changes."""
@@ -105,6 +109,8 @@ class ClusterView:
         seen = model_view(body)
         key = (seen.namespace, seen.name)
         if deleted:
+            self.weights_unavailable.pop(key, None)
+            self.source_errors.pop(key, None)
             self._touch(self.models.pop(key, None) is not None)
             return None
         self._touch(self.models.get(key) != seen)
@@ -126,6 +132,17 @@ class ClusterView:
         else:
             self.slices[key] = (model, observing.slice_endpoints(body))
         return self._touch(before != self.slices.get(key))
+
+    def put_source(self, key: Key, *, unavailable: str | None, error: str | None) -> bool:
+        """Record what resolving a model's ``registry:`` source found: why its files cannot be
+        fetched yet, or why they can never serve as specified (None, None: all well)."""
+        before = (self.weights_unavailable.get(key), self.source_errors.get(key))
+        for found, value in ((self.weights_unavailable, unavailable), (self.source_errors, error)):
+            if value is None:
+                found.pop(key, None)
+            else:
+                found[key] = value
+        return self._touch(before != (unavailable, error))
 
     def put_pod(self, model: Key, pod: str, message: str | None) -> bool:
         """Record a pod's unschedulable message; True when that changed anything."""
@@ -161,9 +178,10 @@ class ClusterView:
         pods = self.unschedulable.get(key) or {}
         return statuses.Observation(
             generation=seen.generation,
-            spec_error=seen.error,
+            spec_error=seen.error or self.source_errors.get(key),
             unplaceable=reason,
             unschedulable=next(iter(sorted(pods.values())), None),
+            weights_unavailable=self.weights_unavailable.get(key),
             desired=desired,
             ready=ready,
             endpoints=tuple(e.url for e in self.endpoints(key) if e.ready),
@@ -195,6 +213,7 @@ class ClusterView:
             phase=status.phase,
             reason=status.message if status.phase != "Ready" else "",
             endpoints=self.endpoints(key),
+            registry_model=seen.spec.source.registry,
         )
 
     def report(self, *, cluster_id: str, now: datetime) -> InventoryReport:

@@ -1,0 +1,171 @@
+"""A FleetModel whose source is a registry model, end to end across both services.
+
+A real ``fleet-apiserver`` process (Postgres, the synthetic hub, a directory object store) and a
+real ``fleet-serving run`` process against kmock. The operator waits while the model is not Ready,
+then renders an init container whose script is run here, for real, against the control plane: the
+files it fetches must be the registry's, byte for byte. fleet-core is started by module name and
+read only over HTTP and the contract (P7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from .conftest import FM, NODES, Api, StartOperator, cpu_node, eventually, fleetmodel, free_port
+from .kube_emulator import FleetKubernetes
+from .test_operator_e2e import live, phase_of
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+async def control_plane(postgres_url: str, tmp_path: Path) -> AsyncIterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env |= {
+        "FLEET_DATABASE_URL": postgres_url,
+        "FLEET_SYNTHETIC_HUB": "1",
+        "FLEET_MODELS_DIR": str(tmp_path / "objects"),
+    }
+    log_path = tmp_path / "apiserver.log"
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{port}",
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(600):
+                assert process.returncode is None, log_path.read_text()
+                try:
+                    async with session.get(f"{url}/readyz") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), timeout=15)
+
+
+async def call(method: str, url: str, body: Any = None) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, session.request(method, url, json=body) as r:
+        assert r.status < 300, await r.text()
+        return dict(await r.json())
+
+
+async def run_fetch(container: dict[str, Any], model_dir: Path) -> str:
+    """Run the init container's command and args here, as its image would."""
+    env = {"PATH": "/usr/bin:/bin"} | {e["name"]: e["value"] for e in container["env"]}
+    env["MODEL_DIR"] = str(model_dir)
+    process = await asyncio.create_subprocess_exec(
+        *container["command"], *container["args"], env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await process.communicate()
+    assert process.returncode == 0, out.decode()
+    return out.decode()
+
+
+def waiting_for_weights(kube: FleetKubernetes, name: str) -> dict[str, Any] | None:
+    status = phase_of(kube, name, "Pending")
+    return status if status and status["reason"] == "WeightsNotReady" else None
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+async def test_a_registry_model_is_served_once_ready_from_files_the_control_plane_sends(
+    kube: FleetKubernetes,
+    api: Api,
+    control_plane: str,
+    start_operator: StartOperator,
+    tmp_path: Path,
+) -> None:
+    models = f"{control_plane}/api/v1/models"
+    await call("POST", models, {"id": "tiny", "source": {"uri": "hf://fleet/tiny-gguf"}})
+    await api.create(NODES, cpu_node("cpu-1"))
+    await start_operator(control_plane, "--resync=1s", "--report-interval=30s")
+    spec = {"engine": "llamacpp", "weightFormat": "gguf", "gpusPerReplica": 0}
+    await api.create(FM, fleetmodel("tiny", source={"registry": "tiny"}, **spec))
+    await api.create(FM, fleetmodel("ghost", source={"registry": "ghost"}, **spec))
+
+    # Registered, not pulled: the model waits, and nothing is rendered.
+    waiting = await eventually(lambda: waiting_for_weights(kube, "tiny"))
+    assert "registry model 'tiny' is Registered" in waiting["message"]
+    ghost = await eventually(lambda: waiting_for_weights(kube, "ghost"))
+    assert "registry model 'ghost' does not exist" in ghost["message"]
+    assert live(kube, "deployments", "tiny") is None
+
+    # Pulled: the operator notices on its own (retry), and renders the fetch.
+    await call("POST", f"{models}/tiny/pull")
+    for _ in range(200):
+        model = await call("GET", f"{models}/tiny")
+        if model["status"] != "Pulling":
+            break
+        await asyncio.sleep(0.05)
+    assert model["status"] == "Ready", model["reason"]
+    deployment = await eventually(lambda: live(kube, "deployments", "tiny"), within=30)
+    pod = deployment["spec"]["template"]["spec"]
+    (fetch,) = pod["initContainers"]
+    engine = pod["containers"][0]
+    assert engine["args"][:2] == ["--model", "/models/tiny-q8_0.gguf"]
+    assert all(url.startswith(f"{models}/tiny/files/") for url in fetch["args"][1::3])
+
+    fetched = tmp_path / "pod-models"
+    fetched.mkdir()
+    await run_fetch(fetch, fetched)
+    stored = {f["path"]: f["sha256"] for f in model["facts"]["files"]}
+    assert {p: sha256_of(fetched / p) for p in stored} == stored
+    status = await eventually(
+        lambda: (s := phase_of(kube, "tiny", "Pending")) and s["reason"] == "Starting" and s
+    )
+    assert status["message"] == "0/1 replicas ready"
+
+    # The report names the registry model, so the control plane refuses to delete it in use.
+    async with aiohttp.ClientSession() as session:
+        for _ in range(200):
+            report = (await call("GET", f"{control_plane}/api/v1/clusters/test"))["report"]
+            if {d["name"]: d.get("registryModel") for d in report["deployments"]}.get("tiny"):
+                break
+            await asyncio.sleep(0.05)
+        assert {d["name"]: d.get("registryModel") for d in report["deployments"]} == {
+            "tiny": "tiny",
+            "ghost": "ghost",
+        }
+        async with session.delete(f"{models}/tiny") as refused:
+            answer = await refused.json()
+    assert refused.status == 409, answer
+    assert "test/default/tiny" in answer["error"]["message"]
+
+
+async def test_a_registry_model_in_the_wrong_format_fails_with_the_reason(
+    kube: FleetKubernetes,
+    api: Api,
+    control_plane: str,
+    start_operator: StartOperator,
+) -> None:
+    models = f"{control_plane}/api/v1/models"
+    await call("POST", models, {"id": "tiny", "source": {"uri": "hf://fleet/tiny-gguf"}})
+    await call("POST", f"{models}/tiny/pull")
+    await start_operator(control_plane, "--resync=1s", "--report-interval=30s")
+    await api.create(FM, fleetmodel("wrong", source={"registry": "tiny"}))  # vLLM, safetensors
+    status = await eventually(lambda: phase_of(kube, "wrong", "Failed"), within=30)
+    assert status["message"] == (
+        "registry model 'tiny' holds gguf weights, but the spec says weightFormat safetensors"
+    )
+    assert live(kube, "deployments", "wrong") is None
