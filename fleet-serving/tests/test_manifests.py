@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from fleet_serving import crd
-from fleet_serving.kube import drifted
+from fleet_serving.applying import drifted
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 KUBECTL = shutil.which("kubectl")

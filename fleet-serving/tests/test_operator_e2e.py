@@ -151,6 +151,56 @@ async def test_scaling_and_drift_update_the_deployment(
     assert restored["spec"]["template"]["spec"]["containers"][0]["image"].startswith("vllm/")
 
 
+async def test_a_field_removed_from_the_spec_is_removed_from_the_deployment(
+    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+) -> None:
+    await started(api, sink, start_operator, gpu_node("gpu-1"))
+    await api.create(FM, fleetmodel("qwen", nodeSelector={"pool": "h100", "zone": "a"}))
+    created = await eventually(lambda: live(kube, "deployments", "qwen"))
+    assert created["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "h100", "zone": "a"}
+
+    await api.patch(f"{FM}/qwen", {"spec": {"nodeSelector": {"pool": None}}})
+    narrowed = await eventually(
+        lambda: (
+            (d := live(kube, "deployments", "qwen"))
+            and d["spec"]["template"]["spec"].get("nodeSelector") == {"zone": "a"}
+            and d
+        )
+    )
+    assert narrowed["spec"]["replicas"] == 1
+    await api.patch(f"{FM}/qwen", {"spec": {"nodeSelector": None}})
+    await eventually(
+        lambda: (
+            (d := live(kube, "deployments", "qwen"))
+            and "nodeSelector" not in d["spec"]["template"]["spec"]
+        )
+    )
+
+
+def requests_to(kube: FleetKubernetes, method: str, path: str) -> int:
+    return sum(1 for r in kube if r.method.value == method and r.url.path == path)
+
+
+async def test_a_quantity_the_api_server_rewrote_is_not_patched_back(
+    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+) -> None:
+    await started(api, sink, start_operator, gpu_node("gpu-1"))
+    await api.create(FM, fleetmodel("qwen", resources={"requests": {"cpu": "0.5"}}))
+    created = await eventually(lambda: live(kube, "deployments", "qwen"))
+    # What a real API server stores for "0.5" is the canonical "500m" (a merge patch replaces the
+    # containers list whole, so the whole list is sent).
+    containers = created["spec"]["template"]["spec"]["containers"]
+    containers[0]["resources"]["requests"]["cpu"] = "500m"
+    path = f"{DEPLOYMENTS}/qwen"
+    await api.patch(path, {"spec": {"template": {"spec": {"containers": containers}}}})
+    gets, patches = requests_to(kube, "GET", path), requests_to(kube, "PATCH", path)
+    # Three resyncs (--resync=1s) look at the Deployment and leave it alone.
+    await eventually(lambda: requests_to(kube, "GET", path) >= gets + 3, within=10)
+    assert requests_to(kube, "PATCH", path) == patches
+    container = (live(kube, "deployments", "qwen") or {})["spec"]["template"]["spec"]
+    assert container["containers"][0]["resources"]["requests"]["cpu"] == "500m"
+
+
 async def test_no_fitting_node_is_scheduling_not_pending(
     kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:

@@ -3,7 +3,7 @@
 It reads, creates and merge-patches the objects the operator owns, and writes FleetModel status.
 kubernetes-asyncio's exceptions are translated here, and only here, into
 :class:`fleet_serving.errors.KubernetesError`. Objects stay plain dicts: the renderers make dicts,
-and the comparison that decides whether to patch (:func:`drifted`) is pure.
+and deciding whether and how to patch is pure (:mod:`fleet_serving.applying`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from fleet_serving import applying
 from fleet_serving.errors import Conflict, KubernetesError
 from fleet_serving.spec import GROUP, PLURAL, VERSION
 
-__all__ = ["Kube", "drifted", "object_path"]
+__all__ = ["Kube", "object_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,25 +36,6 @@ def object_path(api_version: str, kind: str, namespace: str, name: str | None = 
     """The REST path of a collection, or of one object when ``name`` is given."""
     base = _COLLECTIONS[(api_version, kind)].format(ns=namespace)
     return f"{base}/{name}" if name else base
-
-
-def drifted(desired: Any, actual: Any) -> bool:
-    """True when ``actual`` lacks or differs in any field ``desired`` sets.
-
-    Fields only the cluster sets (defaults, status, uid) are ignored: desired is compared as a
-    subset, so a correct object is never patched and a hand-edited one always is.
-    """
-    if desired in ({}, []) and actual is None:
-        return False  # the API server omits empty lists and maps
-    if isinstance(desired, Mapping):
-        if not isinstance(actual, Mapping):
-            return True
-        return any(drifted(v, actual.get(k)) for k, v in desired.items())
-    if isinstance(desired, list):
-        if not isinstance(actual, list) or len(actual) != len(desired):
-            return True
-        return any(drifted(d, a) for d, a in zip(desired, actual, strict=True))
-    return bool(desired != actual)
 
 
 class Kube:
@@ -93,17 +75,23 @@ class Kube:
             raise
 
     async def ensure(self, desired: Mapping[str, Any]) -> str:
-        """Create ``desired`` or patch it back into shape; returns what was done."""
+        """Create ``desired`` or patch it back into shape; returns what was done.
+
+        What is applied is recorded on the object, so a key dropped from ``desired`` since the
+        last application is deleted from the live object too (:mod:`fleet_serving.applying`).
+        """
         meta = desired["metadata"]
         kind, version = desired["kind"], desired["apiVersion"]
         path = object_path(version, kind, meta["namespace"], meta["name"])
+        body = applying.with_applied(desired)
         actual = await self.get(path)
         if actual is None:
-            await self._call("POST", object_path(version, kind, meta["namespace"]), desired)
+            await self._call("POST", object_path(version, kind, meta["namespace"]), body)
             return "created"
-        if not drifted(desired, actual):
+        last = applying.previous(actual)
+        if not applying.drifted(body, actual) and not applying.stale(last, desired, actual):
             return "unchanged"
-        await self._call("PATCH", path, desired)
+        await self._call("PATCH", path, applying.merge_patch(last, body))
         return "patched"
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
