@@ -13,7 +13,8 @@
 # GPUs: for vLLM models, install the NVIDIA container toolkit before k3s (k3s then registers the
 # `nvidia` runtime) and the NVIDIA device plugin + GPU feature discovery afterwards, so nodes
 # advertise nvidia.com/gpu and the nvidia.com/gpu.compute.* labels the operator places by.
-# Without them, llama.cpp models still run on CPU. It cannot run in a container without systemd.
+# Without them, llama.cpp models still run on CPU. GPU FleetModels set `runtimeClassName: nvidia`
+# (k3s's default runtime is not the NVIDIA one). It cannot run in a container without systemd.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -12,19 +12,26 @@ emulated here, in the test fixture, never in the operator. Each workaround is na
 * WORKAROUND(discovery): resources are declared explicitly (kmock's discovery knows only what it
   is told), and core-group discovery is malformed for kubectl, so kubectl is used for custom
   resources only.
-* WORKAROUND(namespaces): ``GET /api/v1/namespaces`` answers 500, so the operator runs
-  cluster-wide in tests (a single named namespace needs no listing either).
+* WORKAROUND(namespaces): kmock's URL parser reads ``/api/v1/namespaces`` as the start of
+  ``/namespaces/{ns}/…`` and answers 500 (and ``/api/v1/namespaces/{name}`` as a namespace, not
+  an object). kopf lists and watches Namespaces whenever it runs with ``--namespace``, even for
+  an exact name, to learn which of the named ones exist. These two paths are parsed here and
+  served by the emulator like any cluster-scoped resource, so a test creates its namespaces as
+  ``kubectl create namespace`` would and kopf's watch sees them. Cluster-wide, kopf lists none.
 """
 
 from __future__ import annotations
 
 import datetime
 import itertools
+import json
+import re
 import uuid
 from typing import Any
 
+import aiohttp.web
 import kmock
-from kmock._internal import enums, rendering
+from kmock._internal import enums, parsing, rendering
 from kmock._internal.k8s import KubernetesEmulator
 
 __all__ = ["FleetKubernetes", "declare_resources"]
@@ -42,6 +49,7 @@ _RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
     "v1/namespaces": ("Namespace", False, set()),
 }
 _VERBS = {"list", "watch", "get", "create", "patch", "delete"}
+_NAMESPACES = re.compile(r"/api/v1/namespaces(?:/(?P<name>[^/]+))?/?")
 
 
 def declare_resources(k: KubernetesEmulator) -> None:
@@ -63,7 +71,39 @@ class FleetKubernetes(KubernetesEmulator):
 
     _versions = itertools.count(1)
 
-    async def _handle(self, request: rendering.Request) -> Any:
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        match = _NAMESPACES.fullmatch(raw_request.path)
+        if match is None:
+            return await super().__call__(raw_request)
+        return await self._serve_namespaces(raw_request, match["name"])
+
+    async def _serve_namespaces(
+        self, raw: aiohttp.web.BaseRequest, name: str | None
+    ) -> aiohttp.web.StreamResponse:
+        """WORKAROUND(namespaces): parse what kmock cannot, then serve it as kmock would."""
+        body = await raw.read()
+        path = parsing.ParsedPath(group="", version="v1", plural="namespaces", name=name)
+        request = rendering.Request(
+            id=len(self._requests),
+            raw_request=raw,
+            url=raw.url,
+            method=raw.method,
+            params=dict(raw.query),
+            headers=dict(raw.headers),
+            body=body,
+            text=body.decode(),
+            data=json.loads(body) if body else None,
+            action=parsing.guess_k8s(path, enums.method(raw.method), dict(raw.query)),
+            resource=kmock.resource("", "v1", "namespaces"),
+            name=name,
+        )
+        self._requests.append(request)
+        try:
+            return await self._handle(request)
+        except kmock.KubernetesError as exc:
+            return await self._render_error(exc)
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None and request.action == enums.action.CREATE:
             self._stamp(request.data)
         try:

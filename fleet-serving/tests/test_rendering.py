@@ -126,6 +126,18 @@ def test_user_placement_resources_and_image_are_passed_through() -> None:
     }
 
 
+def test_a_runtime_class_reaches_the_pod_spec() -> None:
+    s = spec(runtimeClassName="nvidia")
+    pod = rendering.deployment(OWNER, s, profiles.check(s))["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+
+
+def test_no_runtime_class_is_rendered_when_unset() -> None:
+    s = spec()
+    pod = rendering.deployment(OWNER, s, profiles.check(s))["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in pod  # the API server omits it; rendering null is drift
+
+
 @pytest.mark.parametrize(
     ("engine", "fmt", "reason"),
     [
@@ -151,6 +163,11 @@ def test_vllm_without_a_gpu_is_refused() -> None:
         ({"replicas": -1}, r"spec.replicas"),
         ({"engine": "tgi"}, r"spec.engine"),
         ({"source": {"uri": "https://example.com/x"}}, r"spec.source.uri"),
+        ({"runtimeClassName": "NVIDIA"}, r"spec.runtimeClassName"),
+        ({"runtimeClassName": "nvidia_runtime"}, r"spec.runtimeClassName"),
+        ({"runtimeClassName": "-nvidia"}, r"spec.runtimeClassName"),
+        ({"runtimeClassName": ""}, r"spec.runtimeClassName"),
+        ({"runtimeClassName": "n" * 64}, r"spec.runtimeClassName"),
     ],
 )
 def test_invalid_specs_name_the_field(fields: dict[str, Any], message: str) -> None:

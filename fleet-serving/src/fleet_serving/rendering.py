@@ -170,13 +170,15 @@ def _pod_spec(
         ],
         "nodeSelector": dict(spec.node_selector),
         "tolerations": _tolerations(spec),
+        "runtimeClassName": spec.runtime_class_name,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
     }
     if profile.min_compute is not None:
         pod["affinity"] = gpu_affinity(profile.min_compute)
-    # The API server drops empty lists and maps; rendering them would look like drift forever.
-    return {k: v for k, v in pod.items() if v != [] and v != {}}
+    # The API server drops empty lists and maps, and unset fields; rendering them would look like
+    # drift forever.
+    return {k: v for k, v in pod.items() if v is not None and v != [] and v != {}}
 
 
 def deployment(

@@ -44,6 +44,10 @@ NonNegative = Annotated[int, Meta(ge=0)]
 Text = Annotated[str, Meta(min_length=1, max_length=253)]
 Quantity = Annotated[str, Meta(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")]
 S3Uri = Annotated[str, Meta(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
+Dns1123Label = Annotated[
+    str, Meta(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+]
+"""A Kubernetes name that must be a DNS-1123 label (a RuntimeClass's, for one)."""
 
 
 class HuggingFaceSource(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
@@ -106,6 +110,8 @@ class FleetModelSpec(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     """An engine image to run instead of the profile's default."""
     api_key_secret: SecretKeyRef | None = None
     """The Secret holding the engine's API key; default: ``<name>-api-key``, key ``api-key``."""
+    runtime_class_name: Dns1123Label | None = None
+    """The pods' RuntimeClass, e.g. ``nvidia`` on k3s, which registers the NVIDIA runtime as one."""
 
 
 class Condition(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
