@@ -85,6 +85,10 @@ def waiting_for_weights(kube: FleetKubernetes, name: str) -> dict[str, Any] | No
     return status if status and status["reason"] == "WeightsNotReady" else None
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+
+
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -128,6 +132,12 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
 
     fetched = tmp_path / "pod-models"
     fetched.mkdir()
+    # An earlier attempt was cut off halfway: the script resumes it (curl -C -, a Range request;
+    # had the control plane ignored the Range, curl would have failed "cannot resume").
+    gguf_url = f"{models}/tiny/files/tiny-q8_0.gguf"
+    async with aiohttp.ClientSession() as session, session.get(gguf_url) as response:
+        gguf = await response.read()
+    write_bytes(fetched / "tiny-q8_0.gguf.partial", gguf[: len(gguf) // 2])
     await run_fetch(fetch, fetched)
     stored = {f["path"]: f["sha256"] for f in model["facts"]["files"]}
     assert {p: sha256_of(fetched / p) for p in stored} == stored

@@ -111,16 +111,25 @@ def test_a_resolved_model_that_cannot_serve_the_spec_is_refused(
 
 @pytest.fixture
 async def file_server() -> AsyncIterator[tuple[str, dict[str, bytes], list[str]]]:
-    """Serves ``files`` (mutable) under /files/; records each request's path."""
+    """Serves ``files`` (mutable) under /files/ as the control plane does, ``Range: bytes=N-``
+    included; records each request's path and its Range header, if any."""
     files = dict(FILES)
     requested: list[str] = []
 
     async def serve(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        requested.append(name)
+        ranged = request.headers.get("Range")
+        requested.append(name + (f" {ranged}" if ranged else ""))
         if name not in files:
             return web.Response(status=404)
-        return web.Response(body=files[name])
+        data = files[name]
+        if ranged is None:
+            return web.Response(body=data)
+        start = int(ranged.removeprefix("bytes=").removesuffix("-"))
+        if start >= len(data):
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
+        span = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        return web.Response(status=206, body=data[start:], headers={"Content-Range": span})
 
     app = web.Application()
     app.router.add_get("/api/v1/models/{model}/files/{name:.+}", serve)
@@ -184,3 +193,44 @@ async def test_the_fetch_script_fails_when_a_file_is_missing(
     assert code != 0
     assert "404" in out
     assert "extra/readme.txt" not in contents(tmp_path)
+
+
+async def test_an_interrupted_download_resumes_where_it_stopped(
+    file_server: tuple[str, dict[str, bytes], list[str]], tmp_path: Path
+) -> None:
+    url, _, requested = file_server
+    args = sources.fetch_args(RegistryWeights(control_plane=url, weights=weights()))
+    (tmp_path / "model.gguf.partial").write_bytes(FILES["model.gguf"][:1000])
+    code, out = await run_fetch(args, tmp_path)
+    assert code == 0, out
+    assert contents(tmp_path) == FILES
+    assert "model.gguf bytes=1000-" in requested
+
+
+async def test_a_partial_that_cannot_be_resumed_is_dropped_and_the_next_attempt_succeeds(
+    file_server: tuple[str, dict[str, bytes], list[str]], tmp_path: Path
+) -> None:
+    url, _, _ = file_server
+    args = sources.fetch_args(RegistryWeights(control_plane=url, weights=weights()))
+    size = len(FILES["model.gguf"])
+    for wrong in (b"x" * 1000, b"x" * size, b"x" * (size + 10)):  # bad prefix, 416 twice
+        (tmp_path / "model.gguf.partial").write_bytes(wrong)
+        code, out = await run_fetch(args, tmp_path)
+        assert code != 0, out
+        assert "model.gguf.partial" not in contents(tmp_path)
+        code, out = await run_fetch(args, tmp_path)  # what the kubelet's restart does
+        assert code == 0, out
+        assert contents(tmp_path) == FILES
+        (tmp_path / "model.gguf").unlink()
+
+
+async def test_a_complete_partial_left_by_a_crash_is_checked_and_kept(
+    file_server: tuple[str, dict[str, bytes], list[str]], tmp_path: Path
+) -> None:
+    url, _, requested = file_server
+    args = sources.fetch_args(RegistryWeights(control_plane=url, weights=weights()))
+    (tmp_path / "model.gguf.partial").write_bytes(FILES["model.gguf"])
+    code, out = await run_fetch(args, tmp_path)
+    assert code == 0, out
+    assert contents(tmp_path) == FILES
+    assert [r for r in requested if r.startswith("model.gguf")] == []

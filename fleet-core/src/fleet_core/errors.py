@@ -135,6 +135,15 @@ class PayloadTooLarge(FleetError):
     default_code = "payload_too_large"
 
 
+class RangeNotSatisfiable(FleetError):
+    status = 416
+    type = "invalid_request_error"
+    default_code = "range_not_satisfiable"
+
+    def __init__(self, message: str, *, size: int) -> None:
+        super().__init__(message, param="Range", headers={"Content-Range": f"bytes */{size}"})
+
+
 class RateLimited(FleetError):
     status = 429
     type = "rate_limit_error"

@@ -164,3 +164,39 @@ async def ready_again(api: httpx.AsyncClient, model_id: str) -> list[dict[str, A
     assert model["status"] == "Ready", model["reason"]
     listed: list[dict[str, Any]] = model["facts"]["files"]
     return listed
+
+
+async def test_byte_ranges_resume_a_download(api: httpx.AsyncClient, hub: HubUnderTest) -> None:
+    listed = await ready(api, "fleet/tiny-gguf", "m")
+    (gguf,) = [f for f in listed if f["path"].endswith(".gguf")]
+    url, size = f"/api/v1/models/m/files/{gguf['path']}", gguf["size"]
+    whole = (await api.get(url)).content
+    assert hashlib.sha256(whole).hexdigest() == gguf["sha256"]
+
+    tail = await api.get(url, headers={"Range": "bytes=1000-"})
+    assert tail.status_code == 206
+    assert tail.content == whole[1000:]
+    assert tail.headers["content-range"] == f"bytes 1000-{size - 1}/{size}"
+    assert tail.headers["content-length"] == str(size - 1000)
+    assert tail.headers["accept-ranges"] == "bytes"
+    middle = await api.get(url, headers={"Range": "bytes=10-19"})
+    assert (middle.status_code, middle.content) == (206, whole[10:20])
+    last = await api.get(url, headers={"Range": "bytes=-5"})
+    assert (last.status_code, last.content) == (206, whole[-5:])
+    head = await api.head(url, headers={"Range": "bytes=1000-"})
+    assert (head.status_code, head.headers["content-length"]) == (206, str(size - 1000))
+
+    past = await api.get(url, headers={"Range": f"bytes={size}-"})
+    assert_error(past, 416, "range_not_satisfiable")
+    assert past.headers["content-range"] == f"bytes */{size}"
+    # Ignored, as RFC 9110 allows: several ranges, another unit, a stale If-Range.
+    for headers in (
+        {"Range": "bytes=0-1,5-6"},
+        {"Range": "items=0-1"},
+        {"Range": "bytes=5-1"},
+        {"Range": "bytes=10-", "If-Range": '"0000"'},
+    ):
+        full = await api.get(url, headers=headers)
+        assert (full.status_code, full.content) == (200, whole), headers
+    same = await api.get(url, headers={"Range": "bytes=10-", "If-Range": f'"{gguf["sha256"]}"'})
+    assert (same.status_code, same.content) == (206, whole[10:])

@@ -25,26 +25,36 @@ FETCH_IMAGE = "curlimages/curl:8.11.1"
 FETCH_SCRIPT = """\
 set -eu
 cd "$MODEL_DIR"
+verified() { echo "$2  $1" | sha256sum -c - >/dev/null 2>&1; }
 while [ "$#" -ge 3 ]; do
   name=$1; url=$2; sha=$3; shift 3
-  if [ -f "$name" ] && echo "$sha  $name" | sha256sum -c - >/dev/null 2>&1; then
+  if [ -f "$name" ] && verified "$name" "$sha"; then
     continue
   fi
   mkdir -p "$(dirname "$name")"
-  echo "fetching $name"
-  curl -fsS --retry 10 --retry-delay 2 --retry-connrefused -o "$name.partial" "$url"
-  if ! echo "$sha  $name.partial" | sha256sum -c - >/dev/null 2>&1; then
-    echo "sha256 mismatch for $name: expected $sha" >&2
-    exit 1
+  if ! { [ -f "$name.partial" ] && verified "$name.partial" "$sha"; }; then
+    echo "fetching $name"
+    curl -fsS --retry 10 --retry-delay 2 --retry-connrefused -C - -o "$name.partial" "$url" || {
+      code=$?  # 22: an HTTP error such as 416 for a partial that cannot be resumed; start over
+      if [ "$code" -eq 22 ]; then rm -f "$name.partial"; fi
+      exit "$code"
+    }
+    if ! verified "$name.partial" "$sha"; then
+      rm -f "$name.partial"
+      echo "sha256 mismatch for $name: expected $sha" >&2
+      exit 1
+    fi
   fi
   mv "$name.partial" "$name"
 done
 """
 """Arguments: triples of (path, url, sha256). A file already present with the right hash (the
-init container restarted on the same volume) is kept; any other is fetched, checked, then moved
-into place, so the engine never sees a partial or unverified file. curl retries what may pass (a
-refused connection, a timeout, 408/429/5xx); any other failure ends the container, and the kubelet
-restarts it with backoff, keeping the files already verified."""
+init container restarted on the same volume) is kept; an interrupted download resumes where it
+stopped (``curl -C -`` sends ``Range: bytes=N-``); every file is checked before it is moved into
+place, so the engine never sees a partial or unverified file, and a file that fails the check is
+deleted so the next attempt starts clean. curl retries what may pass (a refused connection, a
+timeout, 408/429/5xx); any other failure ends the container, and the kubelet restarts it with
+backoff."""
 
 
 class RegistryWeights(msgspec.Struct, kw_only=True, frozen=True):

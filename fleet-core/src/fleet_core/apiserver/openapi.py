@@ -38,6 +38,7 @@ _ERRORS = {
     400: "Invalid request; error.param names the field",
     404: "Not found",
     409: "Conflict",
+    416: "Range Not Satisfiable: the range starts past the end of the file",
     503: "A dependency is unavailable",
 }
 
@@ -246,9 +247,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("GET", f"{_MODEL}/files/{{name}}"): Operation(
         "One of a Ready model's files (a name in facts.files), streamed; Content-Length, "
-        'ETag "<sha256>" and X-Fleet-Sha256 come from the facts; 409 before the model is Ready',
+        'ETag "<sha256>" and X-Fleet-Sha256 come from the facts; one Range gives 206 (416 past '
+        "the end); 409 before the model is Ready",
         media_type="application/octet-stream",
-        errors=(404, 409),
+        errors=(404, 409, 416),
     ),
     ("GET", f"{_MODEL}/fit"): Operation(
         "Can ?engine=vllm|llamacpp load this model? 409 with the reason when it cannot",

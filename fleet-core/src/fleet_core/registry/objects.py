@@ -56,7 +56,9 @@ class ObjectStore(Protocol):
 
     async def read(self, key: str, offset: int, length: int) -> bytes: ...
 
-    def stream(self, key: str) -> AsyncIterator[bytes]: ...
+    def stream(self, key: str, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        """The bytes of ``key`` from ``start`` up to and including ``end`` (default: the last)."""
+        ...
 
     async def keys(self, prefix: str) -> list[str]:
         """Every key under ``prefix``, unfinished files included (tests: "nothing left")."""
@@ -102,10 +104,18 @@ class DirectoryStore:
 
         return await asyncio.to_thread(read)
 
-    async def stream(self, key: str) -> AsyncIterator[bytes]:
+    async def stream(
+        self, key: str, start: int = 0, end: int | None = None
+    ) -> AsyncIterator[bytes]:
         handle = await asyncio.to_thread(self._path(key).open, "rb")
         try:
-            while chunk := await asyncio.to_thread(handle.read, 1 << 20):
+            handle.seek(start)
+            left = None if end is None else end + 1 - start
+            while (left is None or left > 0) and (
+                chunk := await asyncio.to_thread(handle.read, min(1 << 20, left or 1 << 20))
+            ):
+                if left is not None:
+                    left -= len(chunk)
                 yield chunk
         finally:
             handle.close()

@@ -12,6 +12,7 @@ from starlette.routing import BaseRoute, Route
 
 from fleet_contract import encode_weights
 from fleet_core import web
+from fleet_core.errors import RangeNotSatisfiable
 from fleet_core.registry.service import RegistryService
 from fleet_core.registry.wire import ModelCreate, ModelPatch, PullProgress
 
@@ -49,17 +50,23 @@ class _Models:
         return StreamingResponse(body, media_type="application/json")
 
     async def file(self, request: Request) -> Response:
+        """The file, or one byte range of it (``Range: bytes=N-`` is how ``curl -C -`` resumes
+        an interrupted download); ``If-Range`` with another ETag gets the whole file."""
         params = request.path_params
         stored = await self.service.file(params["model_id"], params["name"])
-        sha256 = stored.file.sha256
-        headers = {
-            "Content-Length": str(stored.file.size),
-            "ETag": f'"{sha256}"',
-            "X-Fleet-Sha256": sha256,
-        }
+        size, etag = stored.file.size, f'"{stored.file.sha256}"'
+        headers = {"ETag": etag, "X-Fleet-Sha256": stored.file.sha256, "Accept-Ranges": "bytes"}
+        wanted = None
+        if request.headers.get("if-range", etag) == etag:
+            wanted = byte_range(request.headers.get("range"), size)
+        start, end, status = (0, size - 1, 200) if wanted is None else (*wanted, 206)
+        headers["Content-Length"] = str(end - start + 1)
+        if status == 206:
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
         if request.method == "HEAD":  # the headers alone: nothing is read from the store
-            return Response(headers=headers, media_type=_OCTETS)
-        return StreamingResponse(stored.body, headers=headers, media_type=_OCTETS)
+            return Response(status_code=status, headers=headers, media_type=_OCTETS)
+        body = stored.body(start, end)
+        return StreamingResponse(body, status_code=status, headers=headers, media_type=_OCTETS)
 
     async def weights(self, request: Request) -> Response:
         weights = await self.service.weights(request.path_params["model_id"])
@@ -90,6 +97,30 @@ class _Pulls:
         return StreamingResponse(
             _sse(snapshots), media_type="text/event-stream", headers=_SSE_HEADERS
         )
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The one byte range a ``Range`` header asks for, as (first, last) inclusive, or None to send
+    the whole file (no header, another unit, several ranges or a malformed one: RFC 9110 lets a
+    server ignore those). RangeNotSatisfiable when the range starts past the end."""
+    unit, _, spec = (header or "").partition("=")
+    first, dash, last = spec.strip().partition("-")
+    if unit.strip().lower() != "bytes" or not dash or "," in spec:
+        return None
+    try:
+        if not first:  # "bytes=-N": the last N bytes
+            start, end = size - int(last), size - 1
+            if int(last) <= 0 or size == 0:
+                raise RangeNotSatisfiable(f"no bytes in {header!r} of {size}", size=size)
+            return max(0, start), end
+        start, end = int(first), int(last) if last else size - 1
+    except ValueError:
+        return None
+    if start >= size:
+        raise RangeNotSatisfiable(f"{header!r} starts past the end ({size} bytes)", size=size)
+    if start < 0 or end < start:
+        return None
+    return start, min(end, size - 1)
 
 
 async def _sse(snapshots: AsyncIterator[PullProgress]) -> AsyncIterator[bytes]:

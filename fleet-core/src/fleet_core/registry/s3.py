@@ -67,12 +67,26 @@ class S3Store:
         self.settings = settings
         self.bucket = settings.bucket
         self.description = f"s3 {settings.endpoint}/{settings.bucket}"
+        # Our own pool (minio's defaults: 5 retries on 5xx, 5-minute timeouts), so that closing
+        # the store closes its sockets instead of leaving them to the garbage collector.
+        self._http = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=300, read=300),
+            maxsize=10,
+            retries=urllib3.Retry(
+                total=5, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]
+            ),
+        )
         self._client = Minio(
             settings.endpoint,
             access_key=settings.access_key or None,
             secret_key=settings.secret_key or None,
             secure=settings.use_ssl,
+            http_client=self._http,
         )
+
+    def close(self) -> None:
+        """Close every pooled connection (the store is not used afterwards)."""
+        self._http.clear()
 
     async def ensure_bucket(self) -> None:
         def ensure() -> None:
@@ -106,10 +120,13 @@ class S3Store:
 
         return await _call(read, f"reading {key}")
 
-    async def stream(self, key: str) -> AsyncIterator[bytes]:
+    async def stream(
+        self, key: str, start: int = 0, end: int | None = None
+    ) -> AsyncIterator[bytes]:
         size = await self.size(key) or 0
-        for offset in range(0, size, 1 << 20):
-            yield await self.read(key, offset, min(1 << 20, size - offset))
+        stop = size if end is None else min(size, end + 1)
+        for offset in range(start, stop, 1 << 20):
+            yield await self.read(key, offset, min(1 << 20, stop - offset))
 
     async def keys(self, prefix: str) -> list[str]:
         def names() -> list[str]:

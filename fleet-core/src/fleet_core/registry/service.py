@@ -88,13 +88,18 @@ def _model(record: ModelRecord) -> Model:
 
 @dataclass(frozen=True)
 class StoredFile:
-    """One of a Ready model's files, as its facts list it, and its bytes from the object store.
+    """One of a Ready model's files, as its facts list it, and where its bytes are stored.
 
-    ``body`` reads nothing until it is iterated: a HEAD answers from ``file`` alone.
+    Nothing is read until :meth:`body` is iterated: a HEAD answers from ``file`` alone.
     """
 
     file: ModelFile
-    body: AsyncIterator[bytes]
+    objects: ObjectStore
+    key: str
+
+    def body(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        """The bytes from ``start`` up to and including ``end`` (default: to the end)."""
+        return self.objects.stream(self.key, start, end)
 
 
 @contextlib.asynccontextmanager
@@ -103,8 +108,11 @@ async def open_object_store(settings: RegistrySettings) -> AsyncIterator[ObjectS
         yield DirectoryStore(Path(settings.models_dir))
         return
     store = S3Store(settings.s3)
-    await store.ensure_bucket()
-    yield store
+    try:
+        await store.ensure_bucket()
+        yield store
+    finally:
+        store.close()
 
 
 class RegistryService:
@@ -250,7 +258,7 @@ class RegistryService:
                 param="name",
                 code="file_not_found",
             )
-        return StoredFile(listed, self.objects.stream(object_prefix(model_id) + listed.path))
+        return StoredFile(listed, self.objects, object_prefix(model_id) + listed.path)
 
     # --- pulls -------------------------------------------------------------------------------
     async def start_pull(self, model_id: str) -> PullProgress:
