@@ -105,7 +105,8 @@ def _wait_ready(process: subprocess.Popen[bytes], endpoint: str, logs: Path) -> 
         try:
             urllib.request.urlopen(f"http://{endpoint}/", timeout=1).close()
             return
-        except urllib.error.HTTPError:
+        except urllib.error.HTTPError as answered:
+            answered.close()  # it holds the response's socket
             return  # S3 answered (403 to an anonymous request): it is up
         except OSError:
             time.sleep(0.05)  # polling a process we started for readiness: no event to await

@@ -37,9 +37,10 @@ def _call(api: str, method: str, path: str, body: dict[str, Any] | None = None) 
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.load(response)
     except urllib.error.HTTPError as exc:
-        if exc.code == 409:
-            return None  # already there
-        detail = json.load(exc).get("error", {}).get("message", exc.reason)
+        with exc:  # it holds the response's socket
+            if exc.code == 409:
+                return None  # already there
+            detail = json.load(exc).get("error", {}).get("message", exc.reason)
         raise SeedError(f"{method} {path}: {exc.code} {detail}") from None
     except OSError as exc:
         raise SeedError(

@@ -21,7 +21,8 @@ async def store(own_redis: RedisProcess) -> AsyncIterator[RedisStore]:
 
 
 def script_calls(url: str) -> int:
-    stats = redis.Redis.from_url(url).info("commandstats")
+    with redis.Redis.from_url(url) as client:
+        stats = client.info("commandstats")
     return sum(int(stats.get(k, {}).get("calls", 0)) for k in ("cmdstat_evalsha", "cmdstat_eval"))
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import hypothesis
+import requests
 import schemathesis
 from schemathesis.checks import not_a_server_error
 
@@ -124,14 +125,15 @@ async def test_no_generated_request_is_answered_5xx(
 def exercise_every_operation(api: str) -> set[tuple[str, str]]:
     schema = schemathesis.openapi.from_url(f"{api}/api/v1/openapi.json")
     exercised = set()
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        exercise(operation, api)
-        exercised.add((operation.method.upper(), operation.path))
+    with requests.Session() as session:  # closed here, not left to the garbage collector
+        for result in schema.get_all_operations():
+            operation = result.ok()
+            exercise(operation, api, session)
+            exercised.add((operation.method.upper(), operation.path))
     return exercised
 
 
-def exercise(operation: schemathesis.APIOperation, api: str) -> None:
+def exercise(operation: schemathesis.APIOperation, api: str, session: requests.Session) -> None:
     @hypothesis.settings(
         max_examples=20,
         deadline=None,
@@ -142,7 +144,7 @@ def exercise(operation: schemathesis.APIOperation, api: str) -> None:
     )
     @hypothesis.given(case=operation.as_strategy())
     def run(case: schemathesis.Case) -> None:
-        response = case.call(base_url=api, timeout=10)
+        response = case.call(base_url=api, session=session, timeout=10)
         case.validate_response(response, checks=[not_a_server_error])
 
     run()

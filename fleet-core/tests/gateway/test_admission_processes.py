@@ -49,7 +49,8 @@ def gateway_process(config: Path, env: dict[str, str]) -> Iterator[str]:
 
 
 def evalsha_calls(redis_url: str) -> int:
-    stats = redis.Redis.from_url(redis_url).info("commandstats")
+    with redis.Redis.from_url(redis_url) as client:
+        stats = client.info("commandstats")
     return sum(
         int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_evalsha", "cmdstat_eval")
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,11 +42,12 @@ async def hub() -> AsyncIterator[HubUnderTest]:
 @pytest.fixture(params=["directory", "s3"])
 def object_store(
     request: pytest.FixtureRequest, tmp_path: Path
-) -> tuple[RegistrySettings, ObjectStore]:
+) -> Iterator[tuple[RegistrySettings, ObjectStore]]:
     """Registry settings for the store, and a store to look into what the pulls left."""
     if request.param == "directory":
         root = tmp_path / "models"
-        return RegistrySettings(models_dir=str(root)), DirectoryStore(root)
+        yield RegistrySettings(models_dir=str(root)), DirectoryStore(root)
+        return
     server: S3Server = request.getfixturevalue("s3_server")
     s3 = S3Settings(
         endpoint=server.endpoint,
@@ -56,7 +57,9 @@ def object_store(
         use_ssl=False,
         part_size=5 * 1024 * 1024,
     )
-    return RegistrySettings(s3=s3), S3Store(s3)
+    store = S3Store(s3)
+    yield RegistrySettings(s3=s3), store
+    store.close()  # its pooled sockets, not the garbage collector's job
 
 
 @dataclass
