@@ -21,6 +21,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fleet_testing.fix_s3 import S3Server
+
 from .conftest import FM, NODES, Api, StartOperator, cpu_node, eventually, fleetmodel, free_port
 from .kube_emulator import FleetKubernetes
 from .test_operator_e2e import live, phase_of
@@ -28,16 +30,31 @@ from .test_operator_e2e import live, phase_of
 pytestmark = pytest.mark.timeout(90)
 
 
+@pytest.fixture(params=["directory", "s3"])
+def store_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """The control plane's object store: a directory (files stream through the control plane),
+    or SeaweedFS with a download endpoint (downloads are redirected to presigned URLs)."""
+    if request.param == "directory":
+        return {"FLEET_MODELS_DIR": str(tmp_path / "objects")}
+    server: S3Server = request.getfixturevalue("s3_server")
+    return {
+        "FLEET_S3_ENDPOINT": server.endpoint,
+        "FLEET_S3_BUCKET": request.getfixturevalue("s3_bucket"),
+        "FLEET_S3_ACCESS_KEY": server.access_key,
+        "FLEET_S3_SECRET_KEY": server.secret_key,
+        "FLEET_S3_USE_SSL": "false",
+        "FLEET_S3_DOWNLOAD_ENDPOINT": server.endpoint,
+    }
+
+
 @pytest.fixture
-async def control_plane(postgres_url: str, tmp_path: Path) -> AsyncIterator[str]:
+async def control_plane(
+    postgres_url: str, store_env: dict[str, str], tmp_path: Path
+) -> AsyncIterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env |= {
-        "FLEET_DATABASE_URL": postgres_url,
-        "FLEET_SYNTHETIC_HUB": "1",
-        "FLEET_MODELS_DIR": str(tmp_path / "objects"),
-    }
+    env |= {"FLEET_DATABASE_URL": postgres_url, "FLEET_SYNTHETIC_HUB": "1", **store_env}
     log_path = tmp_path / "apiserver.log"
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(

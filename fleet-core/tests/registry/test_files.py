@@ -9,6 +9,7 @@ hub on loopback.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -18,8 +19,10 @@ import pytest
 from fleet_contract import decode_weights
 from fleet_core.hub import files
 from fleet_core.hub.repos import HubFile, Repo
+from fleet_core.registry.objects import ObjectStore
+from fleet_core.registry.settings import RegistrySettings
 
-from .conftest import HubUnderTest, pull_to_end, register
+from .conftest import ControlPlaneFactory, HubUnderTest, pull_to_end, register
 
 directory_only = pytest.mark.parametrize("object_store", ["directory"], indirect=True)
 
@@ -200,3 +203,35 @@ async def test_byte_ranges_resume_a_download(api: httpx.AsyncClient, hub: HubUnd
         assert (full.status_code, full.content) == (200, whole), headers
     same = await api.get(url, headers={"Range": "bytes=10-", "If-Range": f'"{gguf["sha256"]}"'})
     assert (same.status_code, same.content) == (206, whole[10:])
+
+
+s3_only = pytest.mark.parametrize("object_store", ["s3"], indirect=True)
+
+
+@s3_only
+async def test_with_a_download_endpoint_the_store_serves_the_file_through_a_signed_url(
+    start_control_plane: ControlPlaneFactory,
+    object_store: tuple[RegistrySettings, ObjectStore],
+    hub: HubUnderTest,
+) -> None:
+    s3 = object_store[0].s3
+    assert s3 is not None
+    plane = await start_control_plane(s3=replace(s3, download_endpoint=s3.endpoint))
+    async with httpx.AsyncClient(base_url=plane.url, timeout=30) as api:
+        listed = await ready(api, "fleet/tiny-gguf", "m")
+        (gguf,) = [f for f in listed if f["path"].endswith(".gguf")]
+        url = f"/api/v1/models/m/files/{gguf['path']}"
+        redirected = await api.get(url)
+        assert redirected.status_code == 307
+        assert redirected.headers["x-fleet-sha256"] == gguf["sha256"]
+        location = redirected.headers["location"]
+        assert location.startswith(f"http://{s3.endpoint}/")
+        assert "X-Amz-Signature=" in location
+        assert (await api.head(url)).status_code == 200  # HEAD answers from the facts
+        async with httpx.AsyncClient(timeout=30) as outside:  # as a pod: no credentials
+            whole = await outside.get(location)
+            assert hashlib.sha256(whole.content).hexdigest() == gguf["sha256"]
+            tail = await outside.get(location, headers={"Range": "bytes=100-"})
+            assert (tail.status_code, tail.content) == (206, whole.content[100:])
+            unsigned = await outside.get(location.split("?", 1)[0])
+            assert unsigned.status_code == 403

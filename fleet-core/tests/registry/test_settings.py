@@ -25,6 +25,7 @@ def test_the_environment_is_read_into_settings() -> None:
             "FLEET_S3_ACCESS_KEY": "fleetadmin",
             "FLEET_S3_SECRET_KEY": "fleet-secret-key-01",
             "FLEET_S3_USE_SSL": "false",
+            "FLEET_S3_DOWNLOAD_ENDPOINT": "minio.fleet-system.svc:9000",
             "FLEET_HF_TOKEN": "hf_abc",
         },
         listen="127.0.0.1:8081",
@@ -35,6 +36,7 @@ def test_the_environment_is_read_into_settings() -> None:
         "weights",
         False,
     )
+    assert settings.s3.download_endpoint == "minio.fleet-system.svc:9000"
     assert "fleet-secret-key-01" not in repr(settings)
     assert "hf_abc" not in repr(settings)
     assert settings.hub_url == DEFAULT_HUB_URL
@@ -47,6 +49,10 @@ def test_the_environment_is_read_into_settings() -> None:
     [
         ({"FLEET_S3_USE_SSL": "maybe", "FLEET_S3_ENDPOINT": "h:1"}, "FLEET_S3_USE_SSL"),
         ({"FLEET_S3_ENDPOINT": "http://h:1"}, "FLEET_S3_ENDPOINT"),
+        (
+            {"FLEET_S3_ENDPOINT": "h:1", "FLEET_S3_DOWNLOAD_ENDPOINT": "https://h:1"},
+            "FLEET_S3_DOWNLOAD_ENDPOINT",
+        ),
         ({"FLEET_HUB_STALL_TIMEOUT_S": "0"}, "FLEET_HUB_STALL_TIMEOUT_S"),
     ],
 )

@@ -34,7 +34,7 @@ while [ "$#" -ge 3 ]; do
   mkdir -p "$(dirname "$name")"
   if ! { [ -f "$name.partial" ] && verified "$name.partial" "$sha"; }; then
     echo "fetching $name"
-    curl -fsS --retry 10 --retry-delay 2 --retry-connrefused -C - -o "$name.partial" "$url" || {
+    curl -fsSL --retry 10 --retry-delay 2 --retry-connrefused -C - -o "$name.partial" "$url" || {
       code=$?  # 22: an HTTP error such as 416 for a partial that cannot be resumed; start over
       if [ "$code" -eq 22 ]; then rm -f "$name.partial"; fi
       exit "$code"

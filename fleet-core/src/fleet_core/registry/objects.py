@@ -60,6 +60,10 @@ class ObjectStore(Protocol):
         """The bytes of ``key`` from ``start`` up to and including ``end`` (default: the last)."""
         ...
 
+    def download_url(self, key: str) -> str | None:
+        """A URL engine pods can fetch ``key`` from directly, or None to stream it through us."""
+        ...
+
     async def keys(self, prefix: str) -> list[str]:
         """Every key under ``prefix``, unfinished files included (tests: "nothing left")."""
         ...
@@ -119,6 +123,9 @@ class DirectoryStore:
                 yield chunk
         finally:
             handle.close()
+
+    def download_url(self, key: str) -> str | None:
+        return None  # a directory is reached only through the control plane
 
     async def keys(self, prefix: str) -> list[str]:
         def walk() -> list[str]:

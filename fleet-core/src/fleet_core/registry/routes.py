@@ -56,6 +56,9 @@ class _Models:
         stored = await self.service.file(params["model_id"], params["name"])
         size, etag = stored.file.size, f'"{stored.file.sha256}"'
         headers = {"ETag": etag, "X-Fleet-Sha256": stored.file.sha256, "Accept-Ranges": "bytes"}
+        direct = stored.direct_url() if request.method == "GET" else None
+        if direct is not None:  # the store serves it (Range included); we only sign the URL
+            return Response(status_code=307, headers={**headers, "Location": direct})
         wanted = None
         if request.headers.get("if-range", etag) == etag:
             wanted = byte_range(request.headers.get("range"), size)

@@ -15,6 +15,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import BinaryIO, TypeVar, cast
 
 import urllib3
@@ -28,6 +29,9 @@ __all__ = ["S3Settings", "S3Store"]
 
 T = TypeVar("T")
 _EOF = b""
+PRESIGN_REGION = "us-east-1"
+"""The region presigned URLs are signed for; given, so that signing needs no request (S3-compatible
+stores such as SeaweedFS and MinIO accept it)."""
 _TRANSPORT_ERRORS = (MinioException, urllib3.exceptions.HTTPError, OSError, ValueError)
 
 
@@ -47,6 +51,12 @@ class S3Settings:
     """Multipart part size (≥ 5 MiB, the S3 minimum): the memory one part in flight costs."""
     parallel_parts: int = 2
     """Parts uploaded at once; memory is (this + 1) × part_size."""
+    download_endpoint: str | None = None
+    """host:port engine pods reach the store at (FLEET_S3_DOWNLOAD_ENDPOINT). When set, a model
+    file's download is redirected to a presigned URL there instead of streaming through the
+    control plane."""
+    download_expiry: timedelta = timedelta(hours=1)
+    """How long a presigned download URL stays valid."""
 
 
 async def _call(function: Callable[[], T], what: str) -> T:
@@ -82,6 +92,24 @@ class S3Store:
             secret_key=settings.secret_key or None,
             secure=settings.use_ssl,
             http_client=self._http,
+        )
+        self._presigner = None
+        if settings.download_endpoint is not None:
+            self._presigner = Minio(
+                settings.download_endpoint,
+                access_key=settings.access_key or None,
+                secret_key=settings.secret_key or None,
+                secure=settings.use_ssl,
+                region=PRESIGN_REGION,
+            )
+
+    def download_url(self, key: str) -> str | None:
+        """A presigned GET for ``key`` on the download endpoint, or None without one. Signing is
+        local (the region is given), so this makes no request."""
+        if self._presigner is None:
+            return None
+        return self._presigner.presigned_get_object(
+            self.bucket, key, expires=self.settings.download_expiry
         )
 
     def close(self) -> None:

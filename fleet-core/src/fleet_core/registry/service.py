@@ -97,6 +97,10 @@ class StoredFile:
     objects: ObjectStore
     key: str
 
+    def direct_url(self) -> str | None:
+        """Where pods can fetch the file from the store itself (a presigned S3 URL), if anywhere."""
+        return self.objects.download_url(self.key)
+
     def body(self, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
         """The bytes from ``start`` up to and including ``end`` (default: to the end)."""
         return self.objects.stream(self.key, start, end)

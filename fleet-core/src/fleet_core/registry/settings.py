@@ -66,12 +66,19 @@ def _s3(env: Mapping[str, str]) -> S3Settings | None:
         raise ConfigError(
             f"FLEET_S3_ENDPOINT={endpoint!r} must be host:port (set FLEET_S3_USE_SSL for https)"
         )
+    download = env.get("FLEET_S3_DOWNLOAD_ENDPOINT", "").strip() or None
+    if download is not None and ("://" in download or "/" in download):
+        raise ConfigError(
+            f"FLEET_S3_DOWNLOAD_ENDPOINT={download!r} must be host:port, as engine pods reach the "
+            "store (same scheme as FLEET_S3_USE_SSL)"
+        )
     return S3Settings(
         endpoint=endpoint,
         bucket=env.get("FLEET_S3_BUCKET", "").strip() or "fleet-weights",
         access_key=env.get("FLEET_S3_ACCESS_KEY", ""),
         secret_key=env.get("FLEET_S3_SECRET_KEY", ""),
         use_ssl=_flag(env, "FLEET_S3_USE_SSL", True),
+        download_endpoint=download,
     )
 
 
