@@ -33,7 +33,6 @@ from fleet_core.registry.wire import (
     EngineFit,
     Model,
     ModelCreate,
-    ModelFile,
     ModelPatch,
     PullProgress,
     Source,
@@ -93,7 +92,7 @@ class StoredFile:
     Nothing is read until :meth:`body` is iterated: a HEAD answers from ``file`` alone.
     """
 
-    file: ModelFile
+    file: WeightFile
     objects: ObjectStore
     key: str
 
@@ -235,14 +234,12 @@ class RegistryService:
         """The contract's view of a model for the operator: its state, and its files once Ready."""
         record = await self._record(model_id)
         facts = record.facts if record.status == "Ready" else None
-        files = tuple(WeightFile(path=f.path, size=f.size, sha256=f.sha256)
-                      for f in (facts.files if facts else ()))  # fmt: skip
         return ModelWeights(
             model_id=record.id,
             status=record.status,
             reason=record.reason or None,
             format=facts.format if facts else record.format,
-            files=files,
+            files=facts.files if facts else (),
         )
 
     async def file(self, model_id: str, name: str) -> StoredFile:

@@ -12,9 +12,10 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 
+from fleet_contract import WeightFile, WeightFormat
 from fleet_core.registry import formats
 from fleet_core.registry.formats import Blob, FormatError
-from fleet_core.registry.wire import ModelFacts, ModelFile, WeightFormat
+from fleet_core.registry.wire import ModelFacts
 
 __all__ = ["ENGINE_FORMATS", "engine_fit", "model_facts"]
 
@@ -51,7 +52,7 @@ async def model_facts(
         if kind is not None:
             found[kind].append(blob)
     chosen = _choose(found, requested)
-    files = tuple(ModelFile(path=b.name, size=b.size, sha256=sha256[b.name]) for b in blobs)
+    files = tuple(WeightFile(path=b.name, size=b.size, sha256=sha256[b.name]) for b in blobs)
     names = {b.name for b in blobs}
     common = {
         "size_bytes": sum(b.size for b in blobs),

@@ -8,13 +8,14 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from fleet_contract import Engine, WeightFile, WeightFormat
+
 __all__ = [
     "EngineFit",
     "HuggingFaceSource",
     "Model",
     "ModelCreate",
     "ModelFacts",
-    "ModelFile",
     "ModelPatch",
     "ModelStatus",
     "PullProgress",
@@ -23,7 +24,6 @@ __all__ = [
     "WeightFormat",
 ]
 
-WeightFormat = Literal["safetensors", "gguf"]
 ModelStatus = Literal["Registered", "Pulling", "Ready", "Failed", "Cancelled"]
 ModelId = Annotated[
     str,
@@ -76,12 +76,6 @@ class ModelPatch(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     rates: Rates | None = None
 
 
-class ModelFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    path: str
-    size: int
-    sha256: str
-
-
 class ModelFacts(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """What verification found, by parsing the stored files."""
 
@@ -95,7 +89,9 @@ class ModelFacts(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """GGUF: the file type (Q8_0, Q4_K_M …)."""
     tokenizer: bool = False
     """A tokenizer.json is present (GET /models/{id}/tokenizer serves it)."""
-    files: tuple[ModelFile, ...] = ()
+    files: tuple[WeightFile, ...] = ()
+    """Each stored file with its size and sha256: the contract's type, as the operator reads it
+    from ``GET /models/{id}/weights``."""
 
 
 class Model(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -127,7 +123,7 @@ class PullProgress(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 class EngineFit(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     model: str
-    engine: Literal["vllm", "llamacpp"]
+    engine: Engine
     format: WeightFormat
     fits: bool
     reason: str
