@@ -13,7 +13,6 @@ from fleet_serving.applying import (
     merge_patch,
     previous,
     quantity,
-    stale,
     with_applied,
 )
 
@@ -67,21 +66,21 @@ def test_a_map_key_dropped_since_the_last_application_is_deleted() -> None:
     desired = deployment(nodeSelector={"zone": "a"})
     live = with_applied(last)
     assert not drifted(with_applied(desired)["spec"], live["spec"])  # a subset check misses it
-    assert stale(last, desired, live)
+    assert drifted(with_applied(desired), live)  # the applied record does not
     patch = merge_patch(last, with_applied(desired))
     assert patch["spec"]["template"]["spec"]["nodeSelector"] == {"pool": None, "zone": "a"}
     # The whole map gone: the map itself is deleted.
     empty = deployment()
     assert merge_patch(last, empty)["spec"]["template"]["spec"]["nodeSelector"] is None
-    # Already gone from the live object (someone removed it): nothing is stale.
-    assert not stale(last, desired, with_applied(desired))
+    # Once applied, the same desired object is no drift.
+    assert not drifted(with_applied(desired), with_applied(desired))
 
 
 def test_a_key_dropped_inside_a_list_item_replaces_the_list() -> None:
     last = deployment()
     last["spec"]["template"]["spec"]["containers"][0]["command"] = ["run"]
     desired = deployment()
-    assert stale(last, desired, with_applied(last))
+    assert drifted(with_applied(desired), with_applied(last))
     patch = merge_patch(last, desired)
     assert patch["spec"]["template"]["spec"]["containers"] == [{"name": "engine", "image": "x"}]
 
@@ -89,4 +88,3 @@ def test_a_key_dropped_inside_a_list_item_replaces_the_list() -> None:
 def test_without_a_record_the_patch_is_the_desired_object() -> None:
     desired = deployment()
     assert merge_patch(None, desired) == desired
-    assert not stale(None, desired, {"spec": {"anything": 1}})

@@ -4,9 +4,10 @@ Desired objects are compared with live ones as a subset (:func:`drifted`), becau
 adds defaults, status and metadata the operator never sets. A subset comparison cannot see a key
 the operator *stopped* setting (a nodeSelector entry removed from the spec), and a JSON merge
 patch of the new desired object would leave that key in place. So, like ``kubectl apply``, the
-operator records what it applied in an annotation (:data:`APPLIED`) and, next time, deletes the
-keys that were in the previous application and are gone from the new one (a ``null`` in the merge
-patch). Lists are replaced whole by a merge patch, so a change inside a list needs only the list.
+operator records what it applied in an annotation (:data:`APPLIED`, part of the desired object,
+so any change to the desired state is drift), and the patch deletes the keys that were in the
+previous application and are gone from the new one (a ``null``). Lists are replaced whole by a
+merge patch, so a change inside a list needs only the list.
 
 Resource quantities are compared by value: the API server rewrites ``0.5`` as ``500m`` and ``1Gi``
 stays ``1Gi``, and a textual comparison would re-patch such an object at every resync.
@@ -24,7 +25,7 @@ from typing import Any
 
 from fleet_serving.spec import GROUP
 
-__all__ = ["APPLIED", "drifted", "merge_patch", "quantity", "stale", "with_applied"]
+__all__ = ["APPLIED", "drifted", "merge_patch", "previous", "quantity", "with_applied"]
 
 APPLIED = f"{GROUP}/applied"
 """Annotation holding the JSON of the object as last applied (without this annotation)."""
@@ -119,60 +120,11 @@ def previous(actual: Mapping[str, Any]) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
-def _removals(before: Any, after: Any) -> dict[str, Any]:
-    """Map keys present in ``before`` and gone from ``after``, as merge-patch deletions."""
-    if not isinstance(before, Mapping) or not isinstance(after, Mapping):
-        return {}
-    patch: dict[str, Any] = {}
-    for key, old in before.items():
-        if key not in after:
-            patch[key] = None
-        elif nested := _removals(old, after[key]):
-            patch[key] = nested
-    return patch
-
-
-def _list_removals(before: Any, after: Any) -> bool:
-    """True when a map inside a list lost a key (the list must then be replaced whole)."""
-    if isinstance(before, Mapping) and isinstance(after, Mapping):
-        return any(k in after and _list_removals(v, after[k]) for k, v in before.items())
-    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
-        return any(
-            bool(_removals(b, a)) or _list_removals(b, a)
-            for b, a in zip(before, after, strict=True)
-        )
-    return False
-
-
-def _present(removals: Mapping[str, Any], actual: Any) -> bool:
-    if not isinstance(actual, Mapping):
-        return False
-    return any(
-        key in actual and (value is None or _present(value, actual[key]))
-        for key, value in removals.items()
-    )
-
-
-def stale(last: Mapping[str, Any] | None, desired: Mapping[str, Any], actual: Any) -> bool:
-    """True when ``actual`` still holds something the operator applied before and no longer
-    wants: a removed map key, or a map inside a list that lost a key."""
-    if last is None:
-        return False
-    return _present(_removals(last, desired), actual) or _list_removals(last, desired)
-
-
-def merge_patch(last: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> dict[str, Any]:
+def merge_patch(last: Any, desired: Any) -> Any:
     """The merge patch that makes a live object match ``desired``: ``desired`` itself (lists
-    replace, maps merge) plus a ``null`` for every map key applied before and dropped since."""
-    if last is None:
-        return dict(desired)
-    return _merge(dict(desired), _removals(last, desired))
-
-
-def _merge(base: dict[str, Any], deletions: Mapping[str, Any]) -> dict[str, Any]:
-    for key, value in deletions.items():
-        if value is None:
-            base[key] = None
-        else:
-            base[key] = _merge(dict(base.get(key) or {}), value)
-    return base
+    replace, maps merge) plus a ``null`` for every map key applied before (``last``) and dropped
+    since. Without a record (``last`` None) it is ``desired``."""
+    if not isinstance(last, Mapping) or not isinstance(desired, Mapping):
+        return desired
+    patch = {key: merge_patch(last.get(key), value) for key, value in desired.items()}
+    return patch | {key: None for key in last if key not in desired}

@@ -88,10 +88,9 @@ class Kube:
         if actual is None:
             await self._call("POST", object_path(version, kind, meta["namespace"]), body)
             return "created"
-        last = applying.previous(actual)
-        if not applying.drifted(body, actual) and not applying.stale(last, desired, actual):
+        if not applying.drifted(body, actual):  # the applied record is part of ``body``
             return "unchanged"
-        await self._call("PATCH", path, applying.merge_patch(last, body))
+        await self._call("PATCH", path, applying.merge_patch(applying.previous(actual), body))
         return "patched"
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
