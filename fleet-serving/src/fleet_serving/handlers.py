@@ -24,7 +24,7 @@ from fleet_serving.errors import InvalidSpec, KubernetesError
 from fleet_serving.kube import Kube
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import GROUP, PLURAL, VERSION, FleetModelSpec, decode_spec
-from fleet_serving.view import ClusterView, Key
+from fleet_serving.view import ClusterView, Key, SourceIssue
 
 __all__ = ["Deps", "build_registry"]
 
@@ -104,14 +104,14 @@ async def _resolve_registry(deps: Deps, key: Key, spec: FleetModelSpec) -> Regis
         registry = await deps.weights.resolve(spec.source.registry)
         sources.check(spec, registry.weights)
     except WeightsUnavailable as exc:
-        deps.view.put_source(key, unavailable=str(exc), error=None)
+        deps.view.put_source(key, SourceIssue(str(exc), permanent=False))
         await publish_status(deps, key)
         raise kopf.TemporaryError(str(exc), delay=deps.weights_retry_s) from exc
     except InvalidSpec as exc:
-        deps.view.put_source(key, unavailable=None, error=str(exc))
+        deps.view.put_source(key, SourceIssue(str(exc), permanent=True))
         await publish_status(deps, key)
         raise
-    deps.view.put_source(key, unavailable=None, error=None)
+    deps.view.put_source(key, None)
     return registry
 
 

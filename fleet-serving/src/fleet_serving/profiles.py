@@ -86,10 +86,10 @@ def _model_args(
         return ["--hf-repo", hf.repo]
     if spec.source.uri is not None:
         return ["--model", f"{MODEL_DIR}/model.gguf"]
-    gguf = sources.gguf_file(registry.weights) if registry is not None else None
-    if gguf is None:
-        raise InvalidSpec(f"registry model {spec.source.registry!r} has no .gguf file to load")
-    return ["--model", f"{MODEL_DIR}/{gguf}"]
+    # Invariants: rendering.deployment refuses an unresolved registry: source, and sources.check
+    # refuses a GGUF model without a .gguf file.
+    assert registry is not None
+    return ["--model", f"{MODEL_DIR}/{sources.gguf_file(registry.weights)}"]
 
 
 def engine_args(

@@ -22,7 +22,7 @@ from fleet_serving.errors import InvalidSpec
 from fleet_serving.observing import ObservedNode
 from fleet_serving.spec import FleetModelSpec, FleetModelStatus, decode_spec
 
-__all__ = ["ClusterView", "ModelView"]
+__all__ = ["ClusterView", "ModelView", "SourceIssue"]
 
 Key = tuple[str, str]
 """(namespace, name)"""
@@ -66,6 +66,14 @@ def model_view(body: Mapping[str, Any]) -> ModelView:
     )
 
 
+class SourceIssue(msgspec.Struct, frozen=True):
+    """Why a ``registry:`` model cannot be rendered: its files cannot be fetched yet
+    (``permanent`` False: Pending), or they can never serve as specified (True: Failed)."""
+
+    message: str
+    permanent: bool
+
+
 class ClusterView:
     """Mutable observed state; one instance per operator process."""
 
@@ -75,10 +83,8 @@ class ClusterView:
         self.deployments: dict[Key, tuple[int, int]] = {}
         self.slices: dict[Key, tuple[str, tuple[Endpoint, ...]]] = {}
         self.unschedulable: dict[Key, dict[str, str]] = {}
-        self.weights_unavailable: dict[Key, str] = {}
-        """Why a ``registry:`` model's files cannot be fetched yet, while that is so."""
-        self.source_errors: dict[Key, str] = {}
-        """Why a resolved ``registry:`` model can never serve as specified (wrong format, …)."""
+        self.source_issues: dict[Key, SourceIssue] = {}
+        """What resolving a ``registry:`` source last found wrong, while it is so."""
         self.changed = asyncio.Event()
         self._placements: dict[tuple[Any, ...], str | None] = {}
         """Placement reasons by what they depend on; cleared when any node changes."""
@@ -109,8 +115,7 @@ class ClusterView:
         seen = model_view(body)
         key = (seen.namespace, seen.name)
         if deleted:
-            self.weights_unavailable.pop(key, None)
-            self.source_errors.pop(key, None)
+            self.source_issues.pop(key, None)
             self._touch(self.models.pop(key, None) is not None)
             return None
         self._touch(self.models.get(key) != seen)
@@ -133,16 +138,12 @@ class ClusterView:
             self.slices[key] = (model, observing.slice_endpoints(body))
         return self._touch(before != self.slices.get(key))
 
-    def put_source(self, key: Key, *, unavailable: str | None, error: str | None) -> bool:
-        """Record what resolving a model's ``registry:`` source found: why its files cannot be
-        fetched yet, or why they can never serve as specified (None, None: all well)."""
-        before = (self.weights_unavailable.get(key), self.source_errors.get(key))
-        for found, value in ((self.weights_unavailable, unavailable), (self.source_errors, error)):
-            if value is None:
-                found.pop(key, None)
-            else:
-                found[key] = value
-        return self._touch(before != (unavailable, error))
+    def put_source(self, key: Key, issue: SourceIssue | None) -> bool:
+        """Record what resolving a model's ``registry:`` source found (None: all well)."""
+        before = self.source_issues.pop(key, None)
+        if issue is not None:
+            self.source_issues[key] = issue
+        return self._touch(before != issue)
 
     def put_pod(self, model: Key, pod: str, message: str | None) -> bool:
         """Record a pod's unschedulable message; True when that changed anything."""
@@ -176,12 +177,13 @@ class ClusterView:
         desired = seen.spec.replicas if seen.spec is not None and valid else 0
         reason = self._unplaceable(seen.spec) if seen.spec is not None else None
         pods = self.unschedulable.get(key) or {}
+        issue = self.source_issues.get(key)
         return statuses.Observation(
             generation=seen.generation,
-            spec_error=seen.error or self.source_errors.get(key),
+            spec_error=seen.error or (issue.message if issue and issue.permanent else None),
             unplaceable=reason,
             unschedulable=next(iter(sorted(pods.values())), None),
-            weights_unavailable=self.weights_unavailable.get(key),
+            weights_unavailable=issue.message if issue and not issue.permanent else None,
             desired=desired,
             ready=ready,
             endpoints=tuple(e.url for e in self.endpoints(key) if e.ready),
