@@ -8,6 +8,7 @@ Workarounds for kmock's gaps live in :mod:`kube_emulator` and are named there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -102,18 +103,26 @@ class Sink:
         return self.reports[-1] if self.reports else None
 
 
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """Serve ``app`` on a free loopback port for the block; its base URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
 @pytest.fixture
 async def sink() -> AsyncIterator[tuple[Sink, str]]:
     state = Sink()
     app = web.Application()
     app.router.add_put("/api/v1/inventory", state.put)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    yield state, f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield state, url
 
 
 class Operator:

@@ -13,7 +13,7 @@ import fleet_contract
 from fleet_serving.reporting import Reporter, ReporterSettings, backoff_delay
 from fleet_serving.view import ClusterView
 
-from .conftest import free_port, gpu_node
+from .conftest import free_port, gpu_node, serving
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -51,12 +51,8 @@ async def plane() -> AsyncIterator[tuple[ControlPlane, str]]:
     state = ControlPlane()
     app = web.Application()
     app.router.add_put("/api/v1/inventory", state.put)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield state, f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield state, url
 
 
 @pytest.fixture

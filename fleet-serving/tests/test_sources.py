@@ -21,7 +21,7 @@ from fleet_serving.errors import InvalidSpec
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import decode_spec
 
-from .conftest import free_port
+from .conftest import serving
 
 OWNER = rendering.Owner(name="tiny", namespace="models", uid="uid-1")
 FILES = {"model.gguf": b"GGUF" + bytes(range(256)) * 64, "extra/readme.txt": b"hello\n"}
@@ -133,12 +133,8 @@ async def file_server() -> AsyncIterator[tuple[str, dict[str, bytes], list[str]]
 
     app = web.Application()
     app.router.add_get("/api/v1/models/{model}/files/{name:.+}", serve)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield f"http://127.0.0.1:{port}", files, requested
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield url, files, requested
 
 
 def contents(root: Path) -> dict[str, bytes]:

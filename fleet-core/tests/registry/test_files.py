@@ -152,7 +152,9 @@ async def test_the_weights_document_is_the_contract_s_view_of_the_model(
     before = decode_weights((await api.get("/api/v1/models/g/weights")).content)
     assert (before.model_id, before.status, before.files) == ("g", "Registered", ())
     assert not before.ready
-    listed = await ready_again(api, "g")
+    pulled = await pull_to_end(api, "g")
+    assert pulled["status"] == "Ready", pulled["reason"]
+    listed = pulled["facts"]["files"]
     after = decode_weights((await api.get("/api/v1/models/g/weights")).content)
     assert after.ready
     assert after.format == "gguf"
@@ -160,13 +162,6 @@ async def test_the_weights_document_is_the_contract_s_view_of_the_model(
         (f["path"], f["size"], f["sha256"]) for f in listed
     }
     assert_error(await api.get("/api/v1/models/nope/weights"), 404, "model_not_found")
-
-
-async def ready_again(api: httpx.AsyncClient, model_id: str) -> list[dict[str, Any]]:
-    model = await pull_to_end(api, model_id)
-    assert model["status"] == "Ready", model["reason"]
-    listed: list[dict[str, Any]] = model["facts"]["files"]
-    return listed
 
 
 async def test_byte_ranges_resume_a_download(api: httpx.AsyncClient, hub: HubUnderTest) -> None:

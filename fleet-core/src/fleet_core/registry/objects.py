@@ -114,12 +114,11 @@ class DirectoryStore:
         handle = await asyncio.to_thread(self._path(key).open, "rb")
         try:
             handle.seek(start)
-            left = None if end is None else end + 1 - start
-            while (left is None or left > 0) and (
-                chunk := await asyncio.to_thread(handle.read, min(1 << 20, left or 1 << 20))
+            left = float("inf") if end is None else end + 1 - start
+            while left > 0 and (
+                chunk := await asyncio.to_thread(handle.read, int(min(1 << 20, left)))
             ):
-                if left is not None:
-                    left -= len(chunk)
+                left -= len(chunk)
                 yield chunk
         finally:
             handle.close()
