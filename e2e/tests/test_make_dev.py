@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,11 @@ def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=1):
             return True
+    except urllib.error.HTTPError as exc:
+        # It holds the response's socket, and the traceback's cycle keeps it alive until the
+        # session's last garbage collection, which then fails the run on an unclosed socket.
+        exc.close()
+        return False
     except OSError:
         return False
 

@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -92,7 +93,9 @@ def _wait_until_healthy(checks: list[tuple[str, subprocess.Popen[bytes], str]]) 
             try:
                 with urllib.request.urlopen(url, timeout=1):
                     break
-            except OSError:
+            except OSError as exc:
+                if isinstance(exc, urllib.error.HTTPError):
+                    exc.close()  # it holds the response's socket
                 if time.monotonic() > deadline:
                     raise SystemExit(f"make dev: {url} did not answer within 60 s") from None
                 time.sleep(0.1)
