@@ -1,6 +1,7 @@
 """Load the shared real-service harness (e2e/fleet_testing) as plugins for every package's tests."""
 
 pytest_plugins = [
+    "fleet_testing.fix_auth",
     "fleet_testing.fix_postgres",
     "fleet_testing.fix_redis",
     "fleet_testing.fix_proxy",

@@ -9,6 +9,7 @@
      ├── MethodNotAllowed    405
      ├── Conflict            409
      ├── PayloadTooLarge     413
+     ├── UnsupportedMediaType 415   a write whose body is not application/json
      ├── RateLimited         429    carries Retry-After
      ├── UpstreamError       502    no engine could answer; or wraps an engine's non-JSON error
      └── Unavailable         503    a dependency (Redis, database) is down
@@ -40,6 +41,7 @@ __all__ = [
     "RateLimited",
     "ReservationTooLarge",
     "Unavailable",
+    "UnsupportedMediaType",
     "UpstreamError",
 ]
 
@@ -133,6 +135,12 @@ class PayloadTooLarge(FleetError):
     status = 413
     type = "invalid_request_error"
     default_code = "payload_too_large"
+
+
+class UnsupportedMediaType(FleetError):
+    status = 415
+    type = "invalid_request_error"
+    default_code = "unsupported_media_type"
 
 
 class RangeNotSatisfiable(FleetError):

@@ -22,6 +22,7 @@ from hypercorn.config import Config as HypercornConfig
 
 from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
 from fleet_core.apiserver.app import open_resources as open_apiserver_resources
+from fleet_core.auth.tokens import secret_from_env
 from fleet_core.costs.service import cost_settings
 from fleet_core.errors import ConfigError
 from fleet_core.gateway.app import create_gateway_app, open_resources
@@ -144,6 +145,7 @@ def apiserver_settings(env: Mapping[str, str], listen: str) -> ApiserverSettings
     return ApiserverSettings(
         listen=listen,
         database_url=env.get("FLEET_DATABASE_URL") or None,
+        admin_token=secret_from_env(env, "FLEET_ADMIN_TOKEN"),
         shutdown_grace_s=gateway.shutdown_grace_s,
         cors_origins=gateway.admission.cors_origins,
         log=gateway.log,

@@ -16,11 +16,13 @@ ApiserverFactory = Callable[..., Awaitable[str]]
 
 
 @pytest.fixture
-async def start_apiserver() -> AsyncIterator[ApiserverFactory]:
-    """``await start_apiserver(database_url=None)`` → the base URL of a running control plane."""
+async def start_apiserver(admin_token: str) -> AsyncIterator[ApiserverFactory]:
+    """``await start_apiserver(database_url=None)`` → the base URL of a running control plane
+    whose bootstrap admin token is the ``admin_token`` fixture."""
     async with contextlib.AsyncExitStack() as stack:
 
         async def start(**fields: Any) -> str:
+            fields = {"admin_token": admin_token, **fields}
             settings = ApiserverSettings(log=LogSettings(access=False), **fields)
             resources = await stack.enter_async_context(open_resources(settings))
             app = create_apiserver_app(settings, resources)

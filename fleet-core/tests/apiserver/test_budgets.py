@@ -18,9 +18,11 @@ RULE = {"scopeKind": "tenant", "scopeId": "acme", "dimension": "tokens_total", "
 
 
 @pytest.fixture
-async def db_api(start_apiserver: ApiserverFactory, postgres_url: str) -> str:
+async def db_api(
+    start_apiserver: ApiserverFactory, postgres_url: str, admin_headers: dict[str, str]
+) -> str:
     api = await start_apiserver(database_url=postgres_url)
-    async with httpx.AsyncClient(base_url=api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:
         await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
         await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
     return api
@@ -59,8 +61,10 @@ def test_windows_render_in_the_largest_whole_unit() -> None:
     ]
 
 
-async def test_a_rule_keeps_its_window_as_given(db_api: str, postgres_url: str) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+async def test_a_rule_keeps_its_window_as_given(
+    db_api: str, postgres_url: str, admin_headers: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         created = await http.post("/api/v1/budget-rules/", json={**RULE, "window": "1mo"})
         assert created.status_code == 201, created.text
         rule = created.json()
@@ -82,14 +86,14 @@ async def test_a_rule_keeps_its_window_as_given(db_api: str, postgres_url: str) 
 
 
 async def test_a_rule_written_without_its_window_string_is_rendered(
-    db_api: str, postgres_url: str
+    db_api: str, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
     with psycopg.connect(postgres_url) as conn:
         conn.execute(
             'INSERT INTO budget_rules (id, scope_kind, scope_id, dimension, "limit", window_s)'
             " VALUES ('rule_00000000000a', 'tenant', 'acme', 'units', 5, 2592000)"
         )
-    async with httpx.AsyncClient(base_url=db_api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         rule = (await http.get("/api/v1/budget-rules/rule_00000000000a")).json()
         assert rule["window"] == "1mo"
 
@@ -109,14 +113,14 @@ async def test_a_rule_written_without_its_window_string_is_rendered(
     ],
 )
 async def test_invalid_rules_are_400_naming_the_field(
-    db_api: str, change: dict[str, Any], param: str
+    db_api: str, change: dict[str, Any], param: str, admin_headers: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         body = {**RULE, "window": "1d", **change}
         assert error(await http.post("/api/v1/budget-rules", json=body), 400)["param"] == param
 
 
-async def test_a_project_scope_is_accepted(db_api: str) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+async def test_a_project_scope_is_accepted(db_api: str, admin_headers: dict[str, str]) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         body = {**RULE, "scopeKind": "project", "scopeId": "acme/chat", "window": "5h"}
         assert (await http.post("/api/v1/budget-rules", json=body)).status_code == 201

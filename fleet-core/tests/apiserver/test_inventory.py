@@ -18,8 +18,10 @@ def report(**changes: Any) -> dict[str, Any]:
     return doc
 
 
-async def test_a_report_is_summarized_from_its_nodes(api: str) -> None:
-    async with httpx.AsyncClient() as http:
+async def test_a_report_is_summarized_from_its_nodes(
+    api: str, admin_headers: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(headers=admin_headers) as http:
         put = await http.put(f"{api}/api/v1/inventory", json=report(totalGpus=999))
         assert put.status_code == 200, put.text
         summary = put.json()
@@ -45,8 +47,10 @@ async def test_a_report_is_summarized_from_its_nodes(api: str) -> None:
         assert missing.json()["error"]["code"] == "not_found"
 
 
-async def test_bad_reports_are_400_naming_the_problem(api: str) -> None:
-    async with httpx.AsyncClient() as http:
+async def test_bad_reports_are_400_naming_the_problem(
+    api: str, admin_headers: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(headers=admin_headers) as http:
         wrong = report()
         wrong["nodes"][0]["gpus"][0]["count"] = "eight"
         response = await http.put(f"{api}/api/v1/inventory", json=wrong)
@@ -61,8 +65,10 @@ async def test_bad_reports_are_400_naming_the_problem(api: str) -> None:
         assert garbage.status_code == 400
 
 
-async def test_endpoints_for_the_gateway_with_an_etag(api: str) -> None:
-    async with httpx.AsyncClient() as http:
+async def test_endpoints_for_the_gateway_with_an_etag(
+    api: str, admin_headers: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(headers=admin_headers) as http:
         await http.put(f"{api}/api/v1/inventory", json=report())
         first = await http.get(f"{api}/api/v1/endpoints")
         models = {m["servedModelName"]: m for m in first.json()["models"]}
@@ -84,8 +90,10 @@ async def test_endpoints_for_the_gateway_with_an_etag(api: str) -> None:
         assert urls == ["http://10.42.0.17:8000", "http://10.42.0.18:8000"]
 
 
-async def test_a_late_older_report_does_not_replace_a_newer_one(api: str) -> None:
-    async with httpx.AsyncClient() as http:
+async def test_a_late_older_report_does_not_replace_a_newer_one(
+    api: str, admin_headers: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(headers=admin_headers) as http:
         await http.put(f"{api}/api/v1/inventory", json=report(observedAt="2026-09-14T09:00:00Z"))
         old = report(observedAt="2026-09-14T08:00:00Z", reporterVersion="old")
         assert (await http.put(f"{api}/api/v1/inventory", json=old)).status_code == 200
@@ -94,10 +102,10 @@ async def test_a_late_older_report_does_not_replace_a_newer_one(api: str) -> Non
 
 
 async def test_every_report_appends_to_the_capacity_series(
-    start_apiserver: Any, postgres_url: str
+    start_apiserver: Any, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
     api = await start_apiserver(database_url=postgres_url)
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=admin_headers) as http:
         for minute, gpus in ((0, 8), (1, 8), (2, 16)):
             doc = report(observedAt=f"2026-09-14T08:0{minute}:00Z")
             doc["nodes"][0]["gpus"][0]["count"] = gpus
@@ -110,10 +118,10 @@ async def test_every_report_appends_to_the_capacity_series(
 
 
 async def test_without_a_database_the_rest_is_503_naming_the_variable(
-    start_apiserver: Any,
+    start_apiserver: Any, admin_headers: dict[str, str]
 ) -> None:
     api = await start_apiserver()
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=admin_headers) as http:
         for path in ("/api/v1/tenants", "/api/v1/keys/abc", "/api/v1/usage"):
             response = await http.get(api + path)
             assert response.status_code == 503

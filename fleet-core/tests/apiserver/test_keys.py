@@ -13,9 +13,11 @@ from .test_tenants import error
 
 
 @pytest.fixture
-async def db_api(start_apiserver: ApiserverFactory, postgres_url: str) -> str:
+async def db_api(
+    start_apiserver: ApiserverFactory, postgres_url: str, admin_headers: dict[str, str]
+) -> str:
     api = await start_apiserver(database_url=postgres_url)
-    async with httpx.AsyncClient(base_url=api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:
         await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
         await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
         await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "old"})
@@ -24,9 +26,9 @@ async def db_api(start_apiserver: ApiserverFactory, postgres_url: str) -> str:
 
 
 async def test_the_secret_is_shown_once_and_only_its_digest_kept(
-    db_api: str, postgres_url: str
+    db_api: str, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         issued = await http.post("/api/v1/keys/", json={"projectId": "acme/chat", "label": "ci"})
         assert issued.status_code == 201, issued.text
         key = issued.json()
@@ -55,9 +57,9 @@ async def test_the_secret_is_shown_once_and_only_its_digest_kept(
 
 
 async def test_revoking_is_recorded_and_unknown_keys_are_404(
-    db_api: str, postgres_url: str
+    db_api: str, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         key = (
             await http.post("/api/v1/keys", json={"projectId": "acme/chat", "label": "a"})
         ).json()
@@ -77,8 +79,10 @@ async def test_revoking_is_recorded_and_unknown_keys_are_404(
         assert conn.execute("SELECT revoked_at IS NOT NULL FROM api_keys").fetchone() == (True,)
 
 
-async def test_keys_only_for_existing_active_projects(db_api: str) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+async def test_keys_only_for_existing_active_projects(
+    db_api: str, admin_headers: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         unknown = await http.post("/api/v1/keys", json={"projectId": "acme/none", "label": "x"})
         assert error(unknown, 400)["param"] == "projectId"
         inactive = await http.post("/api/v1/keys", json={"projectId": "acme/old", "label": "x"})

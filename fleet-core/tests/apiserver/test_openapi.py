@@ -24,6 +24,11 @@ INVENTORY = {
     ("GET", "/api/v1/clusters/{cluster_id}"),
     ("GET", "/api/v1/endpoints"),
     ("GET", "/api/v1/openapi.json"),
+    ("GET", "/api/v1/whoami"),
+    ("POST", "/api/v1/credentials"),
+    ("GET", "/api/v1/credentials"),
+    ("DELETE", "/api/v1/credentials/{credential_id}"),
+    ("GET", "/api/v1/audit-events"),
 }
 DATABASE = {
     *(
@@ -73,6 +78,7 @@ def operations(document: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 async def fetch_document(api: str) -> dict[str, Any]:
+    """The document, read without a credential: it is the one public /api/v1 route."""
     async with httpx.AsyncClient() as http:
         response = await http.get(f"{api}/api/v1/openapi.json/")
     assert response.status_code == 200
@@ -83,13 +89,15 @@ async def fetch_document(api: str) -> dict[str, Any]:
 
 
 async def test_without_a_database_the_document_describes_what_is_served(
-    start_apiserver: ApiserverFactory,
+    start_apiserver: ApiserverFactory, admin_headers: dict[str, str]
 ) -> None:
     api = await start_apiserver()
     document = await fetch_document(api)
     assert operations(document) == INVENTORY
     async with httpx.AsyncClient() as http:
-        tenants = await http.get(f"{api}/api/v1/tenants")
+        anonymous = await http.get(f"{api}/api/v1/tenants")
+        tenants = await http.get(f"{api}/api/v1/tenants", headers=admin_headers)
+    assert anonymous.status_code == 401
     assert tenants.status_code == 503
     assert tenants.json()["error"]["code"] == "database_required"
 
@@ -102,7 +110,9 @@ async def test_with_a_database_every_route_is_described(
     schemas = document["components"]["schemas"]
     assert {"InventoryReport", "TenantCreate", "IssuedKey", "RuleCreate"} <= set(schemas)
     post_key = document["paths"]["/api/v1/keys"]["post"]
-    assert set(post_key["responses"]) == {"201", "400"}
+    assert set(post_key["responses"]) == {"201", "400", "401", "403", "415"}
+    assert document["security"] == [{"bearer": []}]
+    assert document["paths"]["/api/v1/openapi.json"]["get"]["security"] == []
     listing = document["paths"]["/api/v1/tenants"]["get"]["responses"]["200"]
     assert listing["content"]["application/json"]["schema"]["properties"]["object"] == {
         "const": "list"
@@ -110,30 +120,37 @@ async def test_with_a_database_every_route_is_described(
 
 
 async def test_no_generated_request_is_answered_5xx(
-    start_apiserver: ApiserverFactory, postgres_url: str
+    start_apiserver: ApiserverFactory, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
     api = await start_apiserver(database_url=postgres_url)
-    async with httpx.AsyncClient(base_url=api) as http:  # some rows for requests to run into
+    async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:  # some rows
         await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme", "tokenLimit": 9})
         await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
     # schemathesis calls over requests (blocking): off the loop that serves the apiserver
-    exercised = await asyncio.to_thread(exercise_every_operation, api)
+    exercised = await asyncio.to_thread(exercise_every_operation, api, admin_headers)
     # schemathesis leaves out the document it was loaded from
     assert exercised == INVENTORY - {("GET", "/api/v1/openapi.json")} | DATABASE
 
 
-def exercise_every_operation(api: str) -> set[tuple[str, str]]:
+def exercise_every_operation(api: str, headers: dict[str, str]) -> set[tuple[str, str]]:
     schema = schemathesis.openapi.from_url(f"{api}/api/v1/openapi.json")
     exercised = set()
     with requests.Session() as session:  # closed here, not left to the garbage collector
         for result in schema.get_all_operations():
             operation = result.ok()
-            exercise(operation, api, session)
+            exercise(operation, api, session, headers)
             exercised.add((operation.method.upper(), operation.path))
     return exercised
 
 
-def exercise(operation: schemathesis.APIOperation, api: str, session: requests.Session) -> None:
+def exercise(
+    operation: schemathesis.APIOperation,
+    api: str,
+    session: requests.Session,
+    headers: dict[str, str],
+) -> None:
+    """Generated requests as the admin (who may call every operation), so they reach the
+    handlers; the role x route matrix (test_roles.py) covers everyone else."""
     @hypothesis.settings(
         max_examples=20,
         deadline=None,
@@ -144,7 +161,8 @@ def exercise(operation: schemathesis.APIOperation, api: str, session: requests.S
     )
     @hypothesis.given(case=operation.as_strategy())
     def run(case: schemathesis.Case) -> None:
-        response = case.call(base_url=api, session=session, timeout=10)
+        auth = {"Authorization": headers["Authorization"]}
+        response = case.call(base_url=api, session=session, timeout=10, headers=auth)
         case.validate_response(response, checks=[not_a_server_error])
 
     run()

@@ -24,8 +24,10 @@ def error(response: httpx.Response, status: int) -> dict[str, Any]:
     return body["error"]
 
 
-async def test_a_tenant_is_created_read_listed_and_refused_twice(db_api: str) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+async def test_a_tenant_is_created_read_listed_and_refused_twice(
+    db_api: str, admin_headers: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         created = await http.post("/api/v1/tenants/", json={"id": "acme", "name": "Acme"})
         assert created.status_code == 201, created.text
         tenant = created.json()
@@ -54,21 +56,23 @@ async def test_a_tenant_is_created_read_listed_and_refused_twice(db_api: str) ->
     ],
 )
 async def test_invalid_tenants_are_400_naming_the_field(
-    db_api: str, body: dict[str, Any], param: str
+    db_api: str, body: dict[str, Any], param: str, admin_headers: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         refused = error(await http.post("/api/v1/tenants", json=body), 400)
         assert refused["param"] == param
         assert refused["type"] == "invalid_request_error"
 
 
-async def test_malformed_json_is_400(db_api: str) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+async def test_malformed_json_is_400(db_api: str, admin_headers: dict[str, str]) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         assert error(await http.post("/api/v1/tenants", content=b"{nope"), 400)["param"] is None
 
 
-async def test_projects_are_named_tenant_slash_name(db_api: str) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+async def test_projects_are_named_tenant_slash_name(
+    db_api: str, admin_headers: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
         created = await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
         assert created.status_code == 201, created.text
@@ -84,8 +88,10 @@ async def test_projects_are_named_tenant_slash_name(db_api: str) -> None:
         error(await http.get("/api/v1/projects/acme/none"), 404)
 
 
-async def test_project_limits_never_exceed_the_tenants(db_api: str) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+async def test_project_limits_never_exceed_the_tenants(
+    db_api: str, admin_headers: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         tenant = {"id": "acme", "name": "Acme", "requestLimit": 100, "tokenLimit": 1000}
         await http.post("/api/v1/tenants", json=tenant)
         above = {"tenantId": "acme", "name": "big", "tokenLimit": 1001}
@@ -106,8 +112,8 @@ async def test_project_limits_never_exceed_the_tenants(db_api: str) -> None:
         assert ok.json()["requestLimit"] == 5000
 
 
-async def test_inactive_is_stored(db_api: str) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+async def test_inactive_is_stored(db_api: str, admin_headers: dict[str, str]) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
         await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
         patched = await http.patch("/api/v1/projects/acme/chat", json={"active": False})
@@ -119,9 +125,9 @@ async def test_inactive_is_stored(db_api: str) -> None:
 
 
 async def test_delete_without_usage_takes_projects_keys_and_rules(
-    db_api: str, postgres_url: str
+    db_api: str, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
         await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
         await http.post("/api/v1/keys", json={"projectId": "acme/chat", "label": "ci"})
@@ -137,9 +143,9 @@ async def test_delete_without_usage_takes_projects_keys_and_rules(
 
 
 async def test_delete_with_billed_usage_is_409_saying_deactivate(
-    db_api: str, postgres_url: str
+    db_api: str, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(base_url=db_api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
         await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
         await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "idle"})

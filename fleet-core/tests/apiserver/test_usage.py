@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -76,25 +77,31 @@ RECORDS = [
 
 
 @pytest.fixture
-async def api(start_apiserver: ApiserverFactory, postgres_url: str, tmp_path: Path) -> str:
+async def api(
+    start_apiserver: ApiserverFactory,
+    postgres_url: str,
+    tmp_path: Path,
+    admin_headers: dict[str, str],
+) -> AsyncIterator[httpx.AsyncClient]:
+    """An admin's client on a control plane whose ledger holds ``RECORDS``."""
     url = await start_apiserver(database_url=postgres_url)  # applies the migrations
     async with LedgerWriter(postgres_url, spool_path=tmp_path / "spool.jsonl") as writer:
         for item in RECORDS:
             writer.record(item)
         async with asyncio.timeout(15):
             await writer.wait_settled()
-    return url
+    async with httpx.AsyncClient(base_url=url, headers=admin_headers) as http:
+        yield http
 
 
-async def get(api: str, **params: str) -> httpx.Response:
-    async with httpx.AsyncClient() as http:
-        return await http.get(f"{api}/api/v1/usage", params=params)
+async def get(api: httpx.AsyncClient, **params: str) -> httpx.Response:
+    return await api.get("/api/v1/usage", params=params)
 
 
 WINDOW = {"from": "2026-09-01T00:00:00Z", "to": "2026-09-03T00:00:00Z"}
 
 
-async def test_grouped_by_day_and_hour(api: str) -> None:
+async def test_grouped_by_day_and_hour(api: httpx.AsyncClient) -> None:
     days = (await get(api, **WINDOW, groupBy="day")).json()["data"]
     assert [(d["key"], d["requests"]) for d in days] == [("2026-09-01", 3), ("2026-09-02", 1)]
     first = days[0]
@@ -109,7 +116,7 @@ async def test_grouped_by_day_and_hour(api: str) -> None:
     ]
 
 
-async def test_grouped_by_model_and_project_with_filters(api: str) -> None:
+async def test_grouped_by_model_and_project_with_filters(api: httpx.AsyncClient) -> None:
     models = {
         m["key"]: m["requests"] for m in (await get(api, **WINDOW, groupBy="model")).json()["data"]
     }
@@ -144,7 +151,7 @@ async def test_grouped_by_model_and_project_with_filters(api: str) -> None:
     ],
 )
 async def test_bad_parameters_are_400_naming_them(
-    api: str, params: dict[str, Any], param: str
+    api: httpx.AsyncClient, params: dict[str, Any], param: str
 ) -> None:
     response = await get(api, **params)
     assert response.status_code == 400

@@ -22,6 +22,10 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from fleet_core import web
 from fleet_core.apiserver import openapi
+from fleet_core.apiserver.policy import ANY_CREDENTIAL, POLICY
+from fleet_core.auth import guard
+from fleet_core.auth.routes import auth_routes
+from fleet_core.auth.service import AuthService
 from fleet_core.budgets.routes import budget_routes
 from fleet_core.costs.routes import cost_routes
 from fleet_core.costs.service import CostSettings
@@ -61,6 +65,9 @@ class ApiserverSettings:
     """Where to serve (``--listen``)."""
     database_url: str | None = field(default=None, repr=False)
     """Postgres (FLEET_DATABASE_URL); unset: inventory and health only."""
+    admin_token: str | None = field(default=None, repr=False)
+    """The bootstrap admin credential (FLEET_ADMIN_TOKEN or FLEET_ADMIN_TOKEN_FILE); required
+    unless the database already holds an active admin credential (ADR 0009)."""
     shutdown_grace_s: float = 30.0
     """On SIGTERM, how long in-flight requests may take (FLEET_SHUTDOWN_GRACE_S)."""
     cors_origins: tuple[str, ...] = ()
@@ -76,19 +83,26 @@ class ApiserverSettings:
 class ApiserverResources:
     pool: AsyncConnectionPool | None
     inventory: InventoryStore
+    auth: AuthService
+    """Credentials and the audit trail (in memory without a database)."""
     registry: RegistryService | None = None
     """The model registry and its pulls (needs the database)."""
 
 
 @contextlib.asynccontextmanager
 async def open_resources(settings: ApiserverSettings) -> AsyncIterator[ApiserverResources]:
+    """ConfigError when it cannot start: no database, or no admin credential."""
     if settings.database_url is None:
-        yield ApiserverResources(None, MemoryInventory())
+        auth = AuthService.on_pool(None)
+        await auth.start(settings.admin_token)
+        yield ApiserverResources(None, MemoryInventory(), auth)
         return
     async with open_pool(settings.database_url) as pool:
+        auth = AuthService.on_pool(pool)
+        await auth.start(settings.admin_token)
         inventory = PostgresInventory(pool)
         async with RegistryService.running(pool, inventory, settings.registry) as registry:
-            yield ApiserverResources(pool, inventory, registry)
+            yield ApiserverResources(pool, inventory, auth, registry)
 
 
 class _Health:
@@ -130,6 +144,7 @@ def _routes(resources: ApiserverResources, costs: CostSettings) -> list[BaseRout
         Route("/healthz", health.healthz, methods=["GET"]),
         Route("/readyz", health.readyz, methods=["GET"]),
         *inventory_routes(resources.inventory),
+        *auth_routes(resources.auth),
     ]
     if resources.pool is not None:
         pool = resources.pool
@@ -139,14 +154,13 @@ def _routes(resources: ApiserverResources, costs: CostSettings) -> list[BaseRout
     if resources.registry is not None:
         routes += registry_routes(resources.registry)
     routes.append(_openapi_route(routes))
+    routes = guard.protect(routes, POLICY, resources.auth)
     if resources.pool is None:
         for name in DATABASE_COLLECTIONS:
             for path in (f"/api/v1/{name}", f"/api/v1/{name}/{{rest:path}}"):
-                routes.append(
-                    Route(
-                        path, _database_required, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
-                    )
-                )
+                methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+                stand_in = Route(path, _database_required, methods=methods)
+                routes.append(guard.guard(stand_in, ANY_CREDENTIAL, resources.auth))
     return routes
 
 

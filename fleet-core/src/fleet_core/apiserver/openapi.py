@@ -18,6 +18,7 @@ import msgspec
 from starlette.routing import BaseRoute, Route
 
 import fleet_contract
+from fleet_core.auth import wire as auth
 from fleet_core.budgets import wire as budgets
 from fleet_core.costs import wire as costs
 from fleet_core.errors import ErrorEnvelope
@@ -36,11 +37,15 @@ _REF = "#/components/schemas/{name}"
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")
 _ERRORS = {
     400: "Invalid request; error.param names the field",
+    401: "No credential, or an unknown or revoked one",
+    403: "The credential's role may not call this, or not for this tenant or cluster",
     404: "Not found",
     409: "Conflict",
+    415: "A write whose Content-Type is not application/json",
     416: "Range Not Satisfiable: the range starts past the end of the file",
     503: "A dependency is unavailable",
 }
+_WRITES = ("POST", "PUT", "PATCH")
 
 
 class ClusterView(msgspec.Struct, frozen=True):
@@ -72,6 +77,24 @@ _MODEL = "/api/v1/models/{model_id}"
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", OPENAPI_PATH): Operation("This document", response=dict[str, Any]),
+    ("GET", "/api/v1/whoami"): Operation("The caller's credential id and role", response=auth.Principal),
+    ("POST", "/api/v1/credentials"): Operation(
+        "Issue a service credential; the only response holding its secret",
+        body=auth.CredentialCreate,
+        response=auth.IssuedCredential,
+        status=201,
+        errors=(400,),
+    ),
+    ("GET", "/api/v1/credentials"): Operation(
+        "List service credentials (never their secrets)", response=list[auth.Credential]
+    ),
+    ("DELETE", "/api/v1/credentials/{credential_id}"): Operation(
+        "Revoke a service credential", response=auth.Credential, errors=(404,)
+    ),
+    ("GET", "/api/v1/audit-events"): Operation(
+        "Who changed what, newest first", response=list[auth.AuditEvent], query=("limit", "before"),
+        errors=(400,),
+    ),
     ("PUT", "/api/v1/inventory"): Operation(
         "Report a cluster's inventory (the operator)",
         body=fleet_contract.InventoryReport,
@@ -310,7 +333,11 @@ def build_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "Fleet control plane", "version": "1"},
         "paths": paths,
-        "components": {"schemas": components},
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
     }
 
 
@@ -326,15 +353,20 @@ def _types(operations: Iterable[Operation]) -> list[Any]:
 def _operation(
     method: str, path: str, operation: Operation, schema_of: dict[Any, Any]
 ) -> dict[str, Any]:
+    errors = {*operation.errors, *((415,) if method in _WRITES else ())}
+    if path != OPENAPI_PATH:
+        errors |= {401, 403}
     doc: dict[str, Any] = {
         "operationId": _operation_id(method, path),
         "summary": operation.summary,
         "parameters": _parameters(path, operation.query),
         "responses": {
             str(operation.status): _success(operation, schema_of),
-            **{str(s): _json(_ERRORS[s], schema_of[ErrorEnvelope]) for s in operation.errors},
+            **{str(s): _json(_ERRORS[s], schema_of[ErrorEnvelope]) for s in sorted(errors)},
         },
     }
+    if path == OPENAPI_PATH:
+        doc["security"] = []
     if operation.body is not None:
         doc["requestBody"] = {
             "required": True,

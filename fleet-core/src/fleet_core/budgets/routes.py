@@ -9,8 +9,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from fleet_core import web
+from fleet_core.auth import guard
 from fleet_core.budgets.service import BudgetService
-from fleet_core.budgets.wire import RuleCreate
+from fleet_core.budgets.wire import BudgetRule, RuleCreate
 
 __all__ = ["budget_routes"]
 
@@ -26,13 +27,24 @@ class _Rules:
         return web.json_response(await self.service.create(new), 201)
 
     async def list(self, request: Request) -> Response:
-        return web.json_response({"object": "list", "data": await self.service.list()})
+        tenant_id = guard.tenant_scope(request, None)
+        rules = await self.service.list()
+        if tenant_id is not None:
+            rules = [rule for rule in rules if owner(rule) == tenant_id]
+        return web.json_response({"object": "list", "data": rules})
 
     async def get(self, request: Request) -> Response:
-        return web.json_response(await self.service.get(request.path_params["rule_id"]))
+        rule = await self.service.get(request.path_params["rule_id"])
+        guard.require_tenant(request, owner(rule), param="rule_id")
+        return web.json_response(rule)
 
     async def delete(self, request: Request) -> Response:
         return web.json_response(await self.service.delete(request.path_params["rule_id"]))
+
+
+def owner(rule: BudgetRule) -> str:
+    """The tenant a rule limits: its scope, or its project's tenant."""
+    return rule.scope_id.partition("/")[0]
 
 
 def budget_routes(pool: AsyncConnectionPool) -> list[BaseRoute]:

@@ -27,7 +27,7 @@ class RuleCreate(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     scope_kind: ScopeKind
     scope_id: Annotated[str, Meta(max_length=129)]
     dimension: Dimension
-    limit: Annotated[int, Meta(ge=1, le=2**63 - 1)]
+    limit: Annotated[int, Meta(ge=1, le=2**53 - 1)]  # exact in a JavaScript client
     window: Window
 
 

@@ -20,7 +20,7 @@ __all__ = [
     "TenantTotal",
 ]
 
-Micro = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Micro = Annotated[int, Meta(ge=0, le=2**53 - 1)]  # exact in a JavaScript client
 
 
 class RateCreate(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

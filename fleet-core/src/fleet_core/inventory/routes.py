@@ -9,6 +9,7 @@ from starlette.routing import BaseRoute, Route
 
 import fleet_contract
 from fleet_core import web
+from fleet_core.auth import guard
 from fleet_core.errors import InvalidRequest, NotFound
 from fleet_core.inventory import service
 from fleet_core.inventory.store import InventoryStore
@@ -34,6 +35,8 @@ class _Inventory:
             ) from exc
         except fleet_contract.DecodeError as exc:
             raise InvalidRequest(f"invalid inventory report: {exc}", code="invalid_report") from exc
+        guard.require_cluster(request, report.cluster_id)
+        service.check_bounds(report)
         await self.store.save(report)
         return web.json_response(service.summarize(report))
 

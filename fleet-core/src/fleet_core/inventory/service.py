@@ -13,9 +13,22 @@ from collections.abc import Iterable
 import msgspec
 
 from fleet_contract import Endpoint, Engine, InventoryReport
+from fleet_core.errors import InvalidRequest
 from fleet_core.gateway import discovery
 
-__all__ = ["ClusterSummary", "endpoints_document", "etag", "summarize", "total_gpus"]
+__all__ = [
+    "MAX_COUNT",
+    "ClusterSummary",
+    "check_bounds",
+    "endpoints_document",
+    "etag",
+    "summarize",
+    "total_gpus",
+]
+
+MAX_COUNT = 2**31 - 1
+"""The largest count a report may carry: the columns that keep counts are Postgres ``integer``
+(a larger one would fail there, as a 500, instead of here as a 400)."""
 
 
 class ClusterSummary(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -36,6 +49,31 @@ class ClusterSummary(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 def total_gpus(report: InventoryReport) -> int:
     """Whole GPUs present in the cluster, counted from its nodes."""
     return sum(gpu.count for node in report.nodes for gpu in node.gpus)
+
+
+def _counts(report: InventoryReport) -> Iterable[tuple[str, int]]:
+    for n, node in enumerate(report.nodes):
+        for g, gpu in enumerate(node.gpus):
+            yield f"nodes[{n}].gpus[{g}].count", gpu.count
+            yield f"nodes[{n}].gpus[{g}].memoryMib", gpu.memory_mib
+            for m, mig in enumerate(gpu.mig_slices):
+                yield f"nodes[{n}].gpus[{g}].migSlices[{m}].count", mig.count
+    for d, deployment in enumerate(report.deployments):
+        yield f"deployments[{d}].gpusPerReplica", deployment.gpus_per_replica
+        yield f"deployments[{d}].desiredReplicas", deployment.desired_replicas
+        yield f"deployments[{d}].readyReplicas", deployment.ready_replicas
+    yield "nodes", total_gpus(report)
+
+
+def check_bounds(report: InventoryReport) -> None:
+    """400 naming the first count (or the GPU total) past ``MAX_COUNT``."""
+    for path, value in _counts(report):
+        if value > MAX_COUNT:
+            raise InvalidRequest(
+                f"{path} is {value}; counts in an inventory report are at most {MAX_COUNT}",
+                param=path,
+                code="out_of_range",
+            )
 
 
 def summarize(report: InventoryReport) -> ClusterSummary:

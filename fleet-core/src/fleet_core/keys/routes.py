@@ -9,6 +9,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from fleet_core import web
+from fleet_core.auth import guard
 from fleet_core.keys.service import KeyService
 from fleet_core.keys.wire import KeyCreate
 
@@ -26,7 +27,11 @@ class _Keys:
         return web.json_response(await self.service.issue(new), 201)
 
     async def list(self, request: Request) -> Response:
-        keys = await self.service.list(project_id=request.query_params.get("projectId"))
+        project_id = request.query_params.get("projectId")
+        if project_id is not None:
+            guard.require_tenant(request, project_id.partition("/")[0], param="projectId")
+        tenant_id = guard.tenant_scope(request, None)
+        keys = await self.service.list(project_id=project_id, tenant_id=tenant_id)
         return web.json_response({"object": "list", "data": keys})
 
     async def delete(self, request: Request) -> Response:

@@ -57,10 +57,13 @@ class KeyService:
         )
         return IssuedKey(**msgspec.structs.asdict(stored), secret=secret)
 
-    async def list(self, *, project_id: str | None = None) -> list[ApiKey]:
+    async def list(
+        self, *, project_id: str | None = None, tenant_id: str | None = None
+    ) -> list[ApiKey]:
+        """Keys' metadata, of one project or one tenant's projects if given."""
         if project_id is not None and not tenants.valid_project_id(project_id):
             return []
-        return await self.store.list(project_id=project_id)
+        return await self.store.list(project_id=project_id, tenant_id=tenant_id)
 
     async def revoke(self, key_id: str) -> ApiKey:
         revoked = await self.store.revoke(key_id) if _KEY_ID.fullmatch(key_id) else None

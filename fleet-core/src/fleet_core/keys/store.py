@@ -35,13 +35,16 @@ class KeyStore:
         assert row is not None, "INSERT … RETURNING returns the row"
         return row
 
-    async def list(self, *, project_id: str | None = None) -> list[ApiKey]:
+    async def list(
+        self, *, project_id: str | None = None, tenant_id: str | None = None
+    ) -> list[ApiKey]:
         async with self._pool.connection() as conn:
             cursor = conn.cursor(row_factory=utc_row(ApiKey))
             await cursor.execute(
-                f"SELECT {_KEY} FROM api_keys WHERE %(project)s::text IS NULL"
-                " OR project_id = %(project)s ORDER BY created_at, id",
-                {"project": project_id},
+                f"SELECT {_KEY} FROM api_keys WHERE (%(project)s::text IS NULL"
+                " OR project_id = %(project)s) AND (%(tenant)s::text IS NULL"
+                " OR starts_with(project_id, %(tenant)s || '/')) ORDER BY created_at, id",
+                {"project": project_id, "tenant": tenant_id},
             )
             return await cursor.fetchall()
 

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from fleet_core import web
+from fleet_core.auth import guard
 from fleet_core.tenants import wire
 from fleet_core.tenants.service import TenantService
 
@@ -40,7 +41,9 @@ class _Tenants:
         return _listing(await self.service.list_tenants())
 
     async def get(self, request: Request) -> Response:
-        return web.json_response(await self.service.get_tenant(request.path_params["tenant_id"]))
+        tenant_id = request.path_params["tenant_id"]
+        guard.require_tenant(request, tenant_id)
+        return web.json_response(await self.service.get_tenant(tenant_id))
 
     async def patch(self, request: Request) -> Response:
         patch = web.decode(_TENANT_PATCH, await request.body())
@@ -61,11 +64,12 @@ class _Projects:
         return web.json_response(await self.service.create_project(new), 201)
 
     async def list(self, request: Request) -> Response:
-        tenant_id = request.query_params.get("tenantId")
+        tenant_id = guard.tenant_scope(request, request.query_params.get("tenantId"))
         return _listing(await self.service.list_projects(tenant_id=tenant_id))
 
     async def get(self, request: Request) -> Response:
         project_id = request.path_params["project_id"]
+        guard.require_tenant(request, project_id.partition("/")[0], param="project_id")
         return web.json_response(await self.service.get_project(project_id))
 
     async def patch(self, request: Request) -> Response:

@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from fleet_core import web
+from fleet_core.auth import guard
 from fleet_core.errors import InvalidRequest
 from fleet_core.usage import store
 from fleet_core.usage.wire import GroupBy
@@ -48,12 +49,13 @@ def usage_routes(pool: AsyncConnectionPool) -> list[BaseRoute]:
     async def usage(request: Request) -> Response:
         start, end = _window(request)
         project_id = request.query_params.get("projectId")
-        tenant = request.query_params.get("tenantId")
+        tenant = guard.tenant_scope(request, request.query_params.get("tenantId"))
         project = None
         if project_id is not None:
             owner, sep, project = project_id.partition("/")
             if not sep or not owner or not project:
                 raise InvalidRequest("projectId is tenant/name", param="projectId")
+            guard.require_tenant(request, owner, param="projectId")
             if tenant is not None and tenant != owner:
                 raise InvalidRequest("projectId belongs to another tenant", param="projectId")
             tenant = owner
