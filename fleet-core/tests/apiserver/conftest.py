@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app, open_resources
@@ -37,3 +38,31 @@ async def api(request: pytest.FixtureRequest, start_apiserver: ApiserverFactory)
     if request.param == "memory":
         return await start_apiserver()
     return await start_apiserver(database_url=request.getfixturevalue("postgres_url"))
+
+
+async def issue(http: httpx.AsyncClient, role: str, **fields: str) -> str:
+    """A new service credential's secret, issued by ``http``'s (admin) credential."""
+    response = await http.post("/api/v1/credentials", json={"role": role, "label": role, **fields})
+    assert response.status_code == 201, response.text
+    secret: str = response.json()["secret"]
+    return secret
+
+
+async def tenant_key(http: httpx.AsyncClient, tenant: str, project: str = "chat") -> str:
+    """A tenant, a project of it and an API key of that project; returns the key's secret."""
+    await http.post("/api/v1/tenants", json={"id": tenant, "name": tenant.title()})
+    await http.post("/api/v1/projects", json={"tenantId": tenant, "name": project})
+    body = {"projectId": f"{tenant}/{project}", "label": "test"}
+    response = await http.post("/api/v1/keys", json=body)
+    assert response.status_code == 201, response.text
+    secret: str = response.json()["secret"]
+    return secret
+
+
+def envelope(response: httpx.Response, status: int) -> dict[str, Any]:
+    """The OpenAI-style error of ``response``, which must have ``status``."""
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]

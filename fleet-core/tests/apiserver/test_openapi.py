@@ -151,6 +151,7 @@ def exercise(
 ) -> None:
     """Generated requests as the admin (who may call every operation), so they reach the
     handlers; the role x route matrix (test_roles.py) covers everyone else."""
+
     @hypothesis.settings(
         max_examples=20,
         deadline=None,

@@ -77,7 +77,9 @@ _MODEL = "/api/v1/models/{model_id}"
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", OPENAPI_PATH): Operation("This document", response=dict[str, Any]),
-    ("GET", "/api/v1/whoami"): Operation("The caller's credential id and role", response=auth.Principal),
+    ("GET", "/api/v1/whoami"): Operation(
+        "The caller's credential id and role", response=auth.Principal
+    ),
     ("POST", "/api/v1/credentials"): Operation(
         "Issue a service credential; the only response holding its secret",
         body=auth.CredentialCreate,
@@ -92,7 +94,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Revoke a service credential", response=auth.Credential, errors=(404,)
     ),
     ("GET", "/api/v1/audit-events"): Operation(
-        "Who changed what, newest first", response=list[auth.AuditEvent], query=("limit", "before"),
+        "Who changed what, newest first",
+        response=list[auth.AuditEvent],
+        query=("limit", "before"),
         errors=(400,),
     ),
     ("PUT", "/api/v1/inventory"): Operation(

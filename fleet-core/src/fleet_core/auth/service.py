@@ -19,8 +19,13 @@ from fleet_core.auth.store import (
     NewEvent,
     PostgresAuthStore,
 )
-from fleet_core.auth.wire import AuditEvent, Credential, CredentialCreate, IssuedCredential
-from fleet_core.auth.wire import Principal
+from fleet_core.auth.wire import (
+    AuditEvent,
+    Credential,
+    CredentialCreate,
+    IssuedCredential,
+    Principal,
+)
 from fleet_core.errors import AuthenticationError, ConfigError, InvalidRequest, NotFound
 from fleet_core.keys import service as keys
 
@@ -57,7 +62,9 @@ class AuthService:
                 "this API needs a credential: send Authorization: Bearer <token>"
             )
         digest = keys.digest(token)
-        found = await self.store.tenant_key(digest) if token.startswith(keys.SECRET_PREFIX) else None
+        found = (
+            await self.store.tenant_key(digest) if token.startswith(keys.SECRET_PREFIX) else None
+        )
         if found is None:
             credential = await self.store.active(digest)
             if credential is not None:
@@ -87,7 +94,9 @@ class AuthService:
                 created_by=by.id,
             )
         )
-        return IssuedCredential(**{f: getattr(stored, f) for f in stored.__struct_fields__}, secret=secret)
+        return IssuedCredential(
+            **{f: getattr(stored, f) for f in stored.__struct_fields__}, secret=secret
+        )
 
     async def list(self) -> list[Credential]:
         return await self.store.list()

@@ -26,8 +26,11 @@ ServiceRole = Literal["admin", "finance", "operator", "engine", "gateway", "metr
 Role = Literal["admin", "finance", "operator", "engine", "gateway", "metrics", "tenant"]
 """Every role a caller can have: a tenant's API key is ``tenant``."""
 
-Label = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
-ClusterId = Annotated[str, Meta(min_length=1, max_length=253, pattern=r"^[^\x00-\x1f\x7f/]+$")]
+Label = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+(?![\s\S])")]
+# (?![\s\S]), not $: in Python (which msgspec uses) $ also matches before a final newline
+ClusterId = Annotated[
+    str, Meta(min_length=1, max_length=253, pattern=r"^[^\x00-\x1f\x7f/]+(?![\s\S])")
+]
 
 
 class Principal(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

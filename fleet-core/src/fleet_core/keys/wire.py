@@ -10,7 +10,8 @@ from msgspec import Meta
 
 __all__ = ["ApiKey", "IssuedKey", "KeyCreate"]
 
-Label = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Label = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+(?![\s\S])")]
+# (?![\s\S]), not $: in Python (which msgspec uses) $ also matches before a final newline
 
 
 class KeyCreate(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -25,7 +25,8 @@ __all__ = [
 ]
 
 Id = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
-Name = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Name = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+(?![\s\S])")]
+# (?![\s\S]), not $: in Python (which msgspec uses) $ also matches before a final newline
 RequestLimit = Annotated[int, Meta(ge=1, le=2**31 - 1, description="requests per minute")]
 TokenLimit = Annotated[int, Meta(ge=1, le=2**53 - 1, description="tokens per minute")]
 
