@@ -1,5 +1,6 @@
 """``make dev`` then ``make seed`` from an empty directory: the whole system, in database mode,
-answers an SDK call with the seeded key, and SIGTERM leaves nothing running."""
+answers an SDK call with the seeded key, and SIGTERM leaves nothing running. Nothing is typed:
+``make dev`` makes the control plane's admin token under ``.dev/`` and ``make seed`` finds it."""
 
 from __future__ import annotations
 
@@ -111,8 +112,14 @@ def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
         assert time.monotonic() < deadline, "make dev did not come up"
         time.sleep(0.2)
 
+    token_file = workdir / ".dev" / "admin-token"
+    assert token_file.stat().st_mode & 0o077 == 0, "the admin token is readable by others"
+    token = token_file.read_text().strip()
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        _get(f"{api}/api/v1/tenants", token=None)  # the control plane is closed without it
     seeded = subprocess.run(
         [sys.executable, "-m", "fleet_core.seed"],
+        cwd=workdir,  # as `make seed` runs, in the checkout `make dev` runs in
         env={**env, "FLEET_SEED_API": api},
         capture_output=True,
         text=True,
@@ -132,11 +139,14 @@ def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
 
     # The registry pulls from the synthetic hub the control plane serves in dev.
     registered = _post(
-        f"{api}/api/v1/models", {"source": {"huggingface": {"repo": "fleet/tiny-gguf"}}}
+        f"{api}/api/v1/models", {"source": {"huggingface": {"repo": "fleet/tiny-gguf"}}}, token
     )
     model_id = registered["id"]
-    _post(f"{api}/api/v1/models/{model_id}/pull", {})
-    while (status := _get(f"{api}/api/v1/models/{model_id}")["status"]) not in ("Ready", "Failed"):
+    _post(f"{api}/api/v1/models/{model_id}/pull", {}, token)
+    while (status := _get(f"{api}/api/v1/models/{model_id}", token)["status"]) not in (
+        "Ready",
+        "Failed",
+    ):
         assert time.monotonic() < deadline + 60, f"the pull is still {status}"
         time.sleep(0.2)
     assert status == "Ready"
@@ -149,17 +159,18 @@ def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
         assert not _answers_tcp(int(env[port])), f"{port} still served after SIGTERM"
 
 
-def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
+def _post(url: str, body: dict[str, Any], token: str) -> dict[str, Any]:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     with urllib.request.urlopen(request, timeout=10) as response:
         found: dict[str, Any] = json.load(response)
         return found
 
 
-def _get(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def _get(url: str, token: str | None) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
         found: dict[str, Any] = json.load(response)
         return found
 

@@ -10,6 +10,10 @@
 - The gateway in the foreground on 127.0.0.1:8080, in database mode: keys, limits, budget rules
   and rates come from the control plane's tables, every request lands in the ledger. ``make
   seed`` creates a demo tenant, project, key and budget rule and prints the key.
+- An admin token for the control plane, made once and kept in ``.dev/admin-token`` (readable by
+  you only): the control plane starts with it (FLEET_ADMIN_TOKEN_FILE), and ``make seed``, the
+  ``fleet`` CLI and the README's curl lines read it from there. It also reads the gateway's
+  /metrics. Set FLEET_ADMIN_TOKEN or FLEET_ADMIN_TOKEN_FILE to use a token of your own.
 
 Ctrl-C (or SIGTERM) stops the gateway, which drains, then the children and the servers. Ports move
 with FLEET_DEV_PORT (gateway), FLEET_DEV_ENGINE_PORT (first engine), FLEET_DEV_API_PORT (control
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -27,6 +32,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from fleet_core.auth.tokens import DEV_ADMIN_TOKEN
 from fleet_core.devstack import DevStackError, dev_postgres, dev_redis
 from fleet_core.main import gateway_main
 
@@ -101,6 +107,23 @@ def _wait_until_healthy(checks: list[tuple[str, subprocess.Popen[bytes], str]]) 
                 time.sleep(0.1)
 
 
+def dev_admin_token(checkout: Path) -> Path:
+    """``.dev/admin-token``, made (owner-only) on first use and kept between runs."""
+    path = checkout / DEV_ADMIN_TOKEN
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write("fsc_dev_" + secrets.token_urlsafe(32) + "\n")
+    return path
+
+
+def _admin_env() -> dict[str, str]:
+    if os.environ.get("FLEET_ADMIN_TOKEN") or os.environ.get("FLEET_ADMIN_TOKEN_FILE"):
+        return {}  # the developer's own
+    return {"FLEET_ADMIN_TOKEN_FILE": str(dev_admin_token(Path.cwd()).resolve())}
+
+
 def _port(name: str, default: int) -> int:
     raw = os.environ.get(name, str(default))
     if not raw.isdigit() or not 0 < int(raw) < 65536:
@@ -132,6 +155,7 @@ def main() -> None:
             "FLEET_REDIS_URL": redis_url,
             "FLEET_LEDGER_SPOOL": str(state / "ledger-spool.jsonl"),
             "FLEET_MODELS_DIR": os.environ.get("FLEET_MODELS_DIR") or str(state / "models"),
+            **_admin_env(),
         }
         if os.environ.get("REAL") != "1":  # `make dev REAL=1` pulls from the real hub instead
             env["FLEET_SYNTHETIC_HUB"] = "1"
@@ -149,6 +173,8 @@ def main() -> None:
             _wait_until_healthy(checks)
             print(_banner(gateway_port, api_port, engine_port), flush=True)
             os.environ.update(env)  # the gateway reads its settings from the environment
+            for name in ("FLEET_ADMIN_TOKEN", "FLEET_ADMIN_TOKEN_FILE"):
+                os.environ.pop(name, None)  # the control plane's, not the gateway's
             gateway_main(["--config", str(config)])
         finally:
             for proc in children:
@@ -158,13 +184,22 @@ def main() -> None:
 
 
 def _banner(gateway_port: int, api_port: int, engine_port: int) -> str:
+    token = os.environ.get("FLEET_ADMIN_TOKEN") or os.environ.get("FLEET_ADMIN_TOKEN_FILE")
+    where = "your FLEET_ADMIN_TOKEN" if token else f"{DEV_ADMIN_TOKEN}: {_dev_token()}"
     return f"""make dev: gateway on http://127.0.0.1:{gateway_port} (database mode), \
 control plane on http://127.0.0.1:{api_port}, stub engines on ports {engine_port}-{engine_port + 2}.
+Control plane admin token ({where}); the control plane answers only with it:
+  curl -s http://127.0.0.1:{api_port}/api/v1/tenants \\
+    -H "Authorization: Bearer $(cat {DEV_ADMIN_TOKEN})"
 In another terminal, `make seed` creates a demo tenant and prints an API key; then:
   curl -s http://127.0.0.1:{gateway_port}/v1/chat/completions -H "Authorization: Bearer $KEY" \\
     -H 'content-type: application/json' \\
     -d '{{"model": "qwen", "messages": [{{"role": "user", "content": "hello"}}]}}'
 """
+
+
+def _dev_token() -> str:
+    return (Path.cwd() / DEV_ADMIN_TOKEN).read_text().strip()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """``make seed``: a demo tenant, project, API key, budget rule and model rates, through the API.
 
 Talks to the control plane at FLEET_SEED_API (default http://127.0.0.1:8081, where ``make dev``
-runs it) like any client would, so it also works against a deployed control plane. Running it
-again keeps what exists and issues a fresh key (a key's secret is shown once, when it is made).
+runs it) like any client would, so it also works against a deployed control plane. It
+authenticates with FLEET_TOKEN (or FLEET_TOKEN_FILE), else the admin token ``make dev`` keeps in
+``.dev/admin-token``. Running it again keeps what exists and issues a fresh key (a key's secret
+is shown once, when it is made).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import sys
 import urllib.error
 import urllib.request
 from typing import Any
+
+from fleet_core.auth.tokens import bearer, client_token
+from fleet_core.errors import ConfigError
 
 __all__ = ["main"]
 
@@ -28,11 +33,12 @@ class SeedError(Exception):
     pass
 
 
-def _call(api: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+def _call(
+    api: str, method: str, path: str, body: dict[str, Any] | None = None, *, token: str | None
+) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        f"{api}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json", **bearer(token)}
+    request = urllib.request.Request(f"{api}{path}", data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.load(response)
@@ -41,6 +47,10 @@ def _call(api: str, method: str, path: str, body: dict[str, Any] | None = None) 
             if exc.code == 409:
                 return None  # already there
             detail = json.load(exc).get("error", {}).get("message", exc.reason)
+            if exc.code == 401:
+                detail += (
+                    " (run `make seed` from the checkout `make dev` runs in, or set FLEET_TOKEN)"
+                )
         raise SeedError(f"{method} {path}: {exc.code} {detail}") from None
     except OSError as exc:
         raise SeedError(
@@ -49,13 +59,15 @@ def _call(api: str, method: str, path: str, body: dict[str, Any] | None = None) 
         ) from None
 
 
-def seed(api: str) -> str:
-    _call(api, "POST", "/api/v1/tenants", {"id": TENANT, "name": "Demo", "requestLimit": 600})
-    _call(api, "POST", "/api/v1/projects", {"tenantId": TENANT, "name": "default"})
-    rules = _call(api, "GET", "/api/v1/budget-rules")["data"]
+def seed(api: str, token: str | None) -> str:
+    def call(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        return _call(api, method, path, body, token=token)
+
+    call("POST", "/api/v1/tenants", {"id": TENANT, "name": "Demo", "requestLimit": 600})
+    call("POST", "/api/v1/projects", {"tenantId": TENANT, "name": "default"})
+    rules = call("GET", "/api/v1/budget-rules")["data"]
     if not any(r["scopeId"] == TENANT for r in rules):
-        _call(
-            api,
+        call(
             "POST",
             "/api/v1/budget-rules",
             {
@@ -67,8 +79,8 @@ def seed(api: str) -> str:
             },
         )
     for model, rates in RATES.items():
-        _call(api, "PUT", f"/api/v1/model-rates/{model}", rates)
-    issued = _call(api, "POST", "/api/v1/keys", {"projectId": PROJECT, "label": "make seed"})
+        call("PUT", f"/api/v1/model-rates/{model}", rates)
+    issued = call("POST", "/api/v1/keys", {"projectId": PROJECT, "label": "make seed"})
     secret: str = issued["secret"]
     return secret
 
@@ -76,8 +88,8 @@ def seed(api: str) -> str:
 def main() -> None:
     api = os.environ.get("FLEET_SEED_API", "http://127.0.0.1:8081").rstrip("/")
     try:
-        secret = seed(api)
-    except SeedError as exc:
+        secret = seed(api, client_token(os.environ))
+    except (SeedError, ConfigError) as exc:
         print(f"make seed: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     print(

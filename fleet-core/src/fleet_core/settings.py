@@ -13,6 +13,7 @@ from pathlib import Path
 from fleet_core.admission.keys import KeyRing, parse_keys
 from fleet_core.admission.policy import RatePolicy, parse_policy
 from fleet_core.admission.service import OnStoreError
+from fleet_core.auth.tokens import secret_from_env
 from fleet_core.errors import ConfigError
 from fleet_core.gateway.config import GatewayConfig
 
@@ -49,7 +50,8 @@ class AdmissionSettings:
     on_store_error: OnStoreError = "closed"
     """Redis down: ``closed`` answers 503, ``open`` serves unlimited (FLEET_RATE_ON_STORE_ERROR)."""
     metrics_token: str | None = field(default=None, repr=False)
-    """A credential for /metrics besides any valid key (FLEET_METRICS_TOKEN)."""
+    """The credential for /metrics and /health's detail (FLEET_METRICS_TOKEN or
+    FLEET_METRICS_TOKEN_FILE); in database mode a control plane ``metrics`` credential too."""
     cors_origins: tuple[str, ...] = ()
     """Origins allowed besides loopback ones (FLEET_CORS_ORIGINS, comma-separated)."""
 
@@ -79,6 +81,9 @@ class GatewaySettings:
     """Largest request body accepted; more is 413 (FLEET_MAX_BODY_BYTES)."""
     control_plane_url: str | None = None
     """Poll the control plane's GET /api/v1/endpoints for endpoints (FLEET_CONTROL_PLANE_URL)."""
+    control_plane_token: str | None = field(default=None, repr=False)
+    """The gateway's ``gateway`` credential for the control plane (FLEET_CONTROL_PLANE_TOKEN or
+    FLEET_CONTROL_PLANE_TOKEN_FILE); required with FLEET_CONTROL_PLANE_URL."""
     discovery_interval_s: float = 1.0
     """How often discovery polls; a scale-up reaches routing within about this long."""
     shutdown_grace_s: float = 30.0
@@ -144,7 +149,7 @@ def admission_from_env(env: Mapping[str, str], *, database_mode: bool = False) -
         redis_url=env.get("FLEET_REDIS_URL") or None,
         redis_prefix=env.get("FLEET_REDIS_PREFIX", ""),
         on_store_error="open" if on_error == "open" else "closed",
-        metrics_token=env.get("FLEET_METRICS_TOKEN") or None,
+        metrics_token=secret_from_env(env, "FLEET_METRICS_TOKEN"),
         cors_origins=origins,
     )
 
@@ -174,6 +179,12 @@ def from_env(env: Mapping[str, str], config: GatewayConfig) -> GatewaySettings:
     """Settings from ``env`` (FLEET_* variables) on top of a loaded fleet.yaml."""
     database = database_mode_from_env(env)
     control_plane_url = env.get("FLEET_CONTROL_PLANE_URL") or None
+    control_plane_token = secret_from_env(env, "FLEET_CONTROL_PLANE_TOKEN")
+    if control_plane_url and not control_plane_token:
+        raise ConfigError(
+            "FLEET_CONTROL_PLANE_URL is set but FLEET_CONTROL_PLANE_TOKEN(_FILE) is not: issue a "
+            'gateway credential (POST /api/v1/credentials {"role": "gateway"}) and set it'
+        )
     for upstream in config.upstreams:
         if (upstream.tokenizer or "").startswith("registry:") and not control_plane_url:
             raise ConfigError(
@@ -186,6 +197,7 @@ def from_env(env: Mapping[str, str], config: GatewayConfig) -> GatewaySettings:
         config=config,
         max_body_bytes=_int(env, "FLEET_MAX_BODY_BYTES", 10 * 1024 * 1024),
         control_plane_url=control_plane_url,
+        control_plane_token=control_plane_token,
         shutdown_grace_s=_float(env, "FLEET_SHUTDOWN_GRACE_S", 30.0),
         log=LogSettings(
             format=_choice(env, "FLEET_LOG_FORMAT", "text", ("text", "json")),

@@ -19,11 +19,18 @@ import pytest
 from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app, open_resources
 from fleet_core.settings import LogSettings
 from fleet_core.stub_engine import running_app
+from fleet_testing.fix_auth import bearer
+
+ADMIN_TOKEN = "costs-tests-admin-token-0123456789abcdef"
+ADMIN = bearer(ADMIN_TOKEN)
+"""The headers of the control plane's admin (its token, and the JSON type writes need)."""
 
 
 @pytest.fixture
 async def api(postgres_url: str) -> AsyncIterator[str]:
-    settings = ApiserverSettings(log=LogSettings(access=False), database_url=postgres_url)
+    settings = ApiserverSettings(
+        log=LogSettings(access=False), database_url=postgres_url, admin_token=ADMIN_TOKEN
+    )
     async with contextlib.AsyncExitStack() as stack:
         resources = await stack.enter_async_context(open_resources(settings))
         app = create_apiserver_app(settings, resources)
@@ -70,7 +77,7 @@ def inventory(
 
 
 async def put_inventory(api: str, report: dict[str, Any]) -> None:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         response = await http.put(f"{api}/api/v1/inventory", json=report)
     assert response.status_code == 200, response.text
 

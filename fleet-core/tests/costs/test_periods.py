@@ -12,7 +12,7 @@ import httpx
 import psycopg
 import pytest
 
-from .conftest import heartbeats, inventory, ledger, put_inventory
+from .conftest import ADMIN, heartbeats, inventory, ledger, put_inventory
 
 E1, E2 = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
 SEP, OCT = (
@@ -36,12 +36,12 @@ async def seed(api: str, url: str, *, until: str = SEP[1], rate: bool = True) ->
     await heartbeats(url, "k3s-dev", start=SEP[0], end=until, gpus=2)
     await ledger(url, REQUESTS)
     if rate:
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers=ADMIN) as http:
             assert (await http.post(f"{api}/api/v1/cost-rates", json=RATE)).status_code == 201
 
 
 async def close(api: str, period: str, **params: str) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(headers=ADMIN, timeout=30) as http:
         return await http.put(f"{api}/api/v1/cost-periods/{period}", params=params)
 
 
@@ -87,7 +87,7 @@ async def test_a_month_closes_with_the_figures_worked_by_hand(api: str, postgres
     [cluster] = report["clusters"]
     assert cluster["busyGpuMicroseconds"] == 2 * HOUR_US
     assert cluster["observedSeconds"] == 30 * 86_400
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         again = (await http.get(f"{api}/api/v1/cost-periods/2026-09")).json()
         listing = (await http.get(f"{api}/api/v1/cost-periods")).json()
     assert again == report
@@ -100,7 +100,7 @@ async def test_a_rate_change_mid_month_prices_each_part_at_its_rate(
     api: str, postgres_url: str
 ) -> None:
     await seed(api, postgres_url)
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         later = {**RATE, "gpuHourMicro": 1_600_000, "effectiveFrom": "2026-09-16T00:00:00Z"}
         assert (await http.post(f"{api}/api/v1/cost-rates", json=later)).status_code == 201
         duplicate = await http.post(f"{api}/api/v1/cost-rates", json=later)
@@ -195,7 +195,7 @@ async def test_reclosing_books_the_difference_into_the_next_month_then_freezes(
     assert frozen.status_code == 409
     assert frozen.json()["error"]["code"] == "period_frozen"
     assert "2026-10" in frozen.json()["error"]["message"]
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         listing = (await http.get(f"{api}/api/v1/cost-periods")).json()["data"]
     assert [(p["period"], p["frozenBy"], p["recomputes"]) for p in listing] == [
         ("2026-09", "2026-10", 1),
@@ -219,7 +219,7 @@ async def test_closing_twice_at_once_leaves_one_report(api: str, postgres_url: s
 async def test_the_report_as_csv_for_finance(api: str, postgres_url: str) -> None:
     await seed(api, postgres_url)
     closed = await close(api, "2026-09", format="csv")
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         accepted = await http.get(
             f"{api}/api/v1/cost-periods/2026-09", headers={"Accept": "text/csv"}
         )
@@ -255,7 +255,7 @@ async def test_the_report_as_csv_for_finance(api: str, postgres_url: str) -> Non
 async def test_mistakes_are_4xx(
     api: str, method: str, path: str, params: dict[str, Any], status: int, param: str | None
 ) -> None:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         response = await http.request(method, f"{api}/api/v1/cost-periods/{path}", params=params)
     assert response.status_code == status, response.text
     assert response.json()["error"]["param"] == param
@@ -274,7 +274,7 @@ async def test_mistakes_are_4xx(
 async def test_a_bad_rate_is_400_naming_the_field(
     api: str, body: dict[str, Any], param: str
 ) -> None:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         response = await http.post(f"{api}/api/v1/cost-rates", json=body)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param

@@ -25,6 +25,7 @@ ACME_B = "acme/batch/worker"
 GLOBEX = "globex/main/k1"
 KEYS = f"{ACME_A};{ACME_B};{GLOBEX}"
 MSG = [{"role": "user", "content": "hello there"}]
+SCRAPE = "scrape-secret-of-at-least-32-characters"
 
 
 @pytest.mark.parametrize(
@@ -114,7 +115,14 @@ async def test_missing_and_unknown_keys_are_401(limited: Any) -> None:
     assert (await chat(gw, ACME_A)).status_code == 200
     async with httpx.AsyncClient() as http:
         assert (await http.get(f"{gw.url}/healthz")).status_code == 200
-        assert (await http.get(f"{gw.url}/health")).status_code == 200
+        health = await http.get(f"{gw.url}/health")
+        assert health.status_code == 200
+        assert health.json() == {"status": "ok"}  # no engine URLs for anyone (issue 14)
+        assert "http" not in health.text
+        keyed = await http.get(f"{gw.url}/health", headers={"Authorization": f"Bearer {GLOBEX}"})
+        assert set(keyed.json()) == {"status"}  # nor for a tenant's key
+        ready = await http.get(f"{gw.url}/readyz")
+        assert set(ready.json()) == {"status"}
         assert (await http.get(f"{gw.url}/v1/models")).status_code == 401
         models = await http.get(
             f"{gw.url}/v1/models", headers={"Authorization": f"Bearer {GLOBEX}"}
@@ -214,8 +222,9 @@ def metric_samples(text: str) -> list[Any]:
     return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
 
-async def test_metrics_need_a_credential_and_attribute_usage(limited: Any) -> None:
-    gw = await limited(FLEET_METRICS_TOKEN="scrape-secret")
+async def test_metrics_need_the_metrics_credential_and_attribute_usage(limited: Any) -> None:
+    """A tenant's key reads no other tenant's series: /metrics is 403 for it (issue 14)."""
+    gw = await limited(FLEET_METRICS_TOKEN=SCRAPE)
     assert (await chat(gw, ACME_A)).status_code == 200
     async with httpx.AsyncClient() as http:
         client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=GLOBEX, max_retries=0)
@@ -223,10 +232,16 @@ async def test_metrics_need_a_credential_and_attribute_usage(limited: Any) -> No
         await client.close()
         assert (await http.get(f"{gw.url}/metrics")).status_code == 401
         by_token = await http.get(
-            f"{gw.url}/metrics", headers={"Authorization": "Bearer scrape-secret"}
+            f"{gw.url}/metrics", headers={"Authorization": f"Bearer {SCRAPE}"}
         )
         by_key = await http.get(f"{gw.url}/metrics", headers={"Authorization": f"Bearer {ACME_B}"})
-    assert by_token.status_code == by_key.status_code == 200
+    assert by_token.status_code == 200
+    async with httpx.AsyncClient() as http:
+        detail = await http.get(f"{gw.url}/health", headers={"Authorization": f"Bearer {SCRAPE}"})
+    assert detail.json()["upstreams"]["m"]["endpoints"][0]["url"].startswith("http://127.0.0.1")
+    assert by_key.status_code == 403
+    assert by_key.json()["error"]["type"] == "permission_error"
+    assert "fleet_requests_total" not in by_key.text
     assert by_token.headers["content-type"].startswith("text/plain; version=0.0.4")
     samples = metric_samples(by_token.text)
     for sample in samples:
@@ -299,6 +314,7 @@ async def test_redis_outage_and_recovery(
             "FLEET_RATE_TENANTS": "acme|rpm=1000,tpm=100000",
             "FLEET_REDIS_URL": own_redis.url,
             "FLEET_RATE_ON_STORE_ERROR": mode,
+            "FLEET_METRICS_TOKEN": SCRAPE,
         }
     )
     gw = await start_gateway(
@@ -313,7 +329,7 @@ async def test_redis_outage_and_recovery(
     else:
         assert during.status_code == 200
     async with httpx.AsyncClient() as http:
-        scrape = await http.get(f"{gw.url}/metrics", headers={"Authorization": f"Bearer {ACME_A}"})
+        scrape = await http.get(f"{gw.url}/metrics", headers={"Authorization": f"Bearer {SCRAPE}"})
     errors = [
         s.value
         for s in metric_samples(scrape.text)

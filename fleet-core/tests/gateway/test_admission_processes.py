@@ -21,6 +21,8 @@ from .test_config_and_cli import free_port, wait_until_up
 
 KEY = "acme/research/team-a"
 
+OPS = "ops-metrics-token-of-at-least-32-characters"
+
 
 @contextlib.contextmanager
 def gateway_process(config: Path, env: dict[str, str]) -> Iterator[str]:
@@ -124,7 +126,7 @@ async def test_two_gateways_share_one_limit_exactly(gateways: Gateways) -> None:
 
 async def test_spend_never_passes_the_token_limit(gateways: Gateways) -> None:
     """Reserved up front: 200 concurrent requests cannot together spend past tpm (P5)."""
-    env = {"FLEET_RATE_TENANTS": "acme|rpm=100000,tpm=240", "FLEET_METRICS_TOKEN": "ops"}
+    env = {"FLEET_RATE_TENANTS": "acme|rpm=100000,tpm=240", "FLEET_METRICS_TOKEN": OPS}
     async with gateways(2, **env) as urls, burst_client() as http:
         started = asyncio.get_running_loop().time()
         statuses = await asyncio.gather(*(chat(http, urls[i % 2], 8) for i in range(200)))
@@ -132,7 +134,7 @@ async def test_spend_never_passes_the_token_limit(gateways: Gateways) -> None:
         records = []
         for url in urls:
             got = await http.get(
-                f"{url}/api/v1/requests?limit=1000", headers={"Authorization": "Bearer ops"}
+                f"{url}/api/v1/requests?limit=1000", headers={"Authorization": f"Bearer {OPS}"}
             )
             records += got.json()["data"]
     served = [r for r in records if r["outcome"] == "ok"]

@@ -27,6 +27,7 @@ from fleet_core.errors import ConfigError
 from fleet_core.settings import DatabaseModeSettings, LogSettings, from_env
 from fleet_core.stub_engine import running_app
 from fleet_testing import servers
+from fleet_testing.fix_auth import bearer
 from fleet_testing.fix_proxy import ProxyFactory
 
 from .conftest import GatewayFactory, Served, StubFactory
@@ -89,17 +90,22 @@ async def start_fleet(
     start_stub: StubFactory,
     start_gateway: GatewayFactory,
     tmp_path: Path,
+    admin_token: str,
 ) -> AsyncIterator[FleetFactory]:
     """``await start_fleet(gateway_db_url=None, **stub)``: control plane, engine, gateway."""
     async with contextlib.AsyncExitStack() as stack:
 
         async def start(gateway_db_url: str | None = None, **stub: Any) -> Fleet:
-            settings = ApiserverSettings(database_url=postgres_url, log=LogSettings(access=False))
+            settings = ApiserverSettings(
+                database_url=postgres_url, log=LogSettings(access=False), admin_token=admin_token
+            )
             resources = await stack.enter_async_context(open_apiserver(settings))
             api_url = await stack.enter_async_context(
                 running_app(create_apiserver_app(settings, resources))
             )
-            api = await stack.enter_async_context(httpx.AsyncClient(base_url=api_url))
+            api = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=api_url, headers=bearer(admin_token))
+            )
             engine = await start_stub(model=MODEL, **stub)
             database = DatabaseModeSettings(
                 url=gateway_db_url or postgres_url,
@@ -378,3 +384,29 @@ def test_database_mode_refuses_environment_keys_and_limits(variable: str) -> Non
         from_env(env, GatewayConfig())
     assert variable in str(info.value)
     assert "\n" not in str(info.value)
+
+
+async def test_metrics_are_for_a_metrics_credential_of_the_control_plane(
+    start_fleet: FleetFactory,
+) -> None:
+    """In database mode the gateway checks /metrics against the control plane's credentials:
+    a ``metrics`` one (or an admin's) reads it; a tenant's key is 403; none is 401."""
+    fleet = await start_fleet()
+    key = (await fleet.issue_key())["secret"]
+    created = await fleet.api.post("/api/v1/credentials", json={"role": "metrics", "label": "p"})
+    scrape = created.json()["secret"]
+    finance = await fleet.api.post("/api/v1/credentials", json={"role": "finance", "label": "f"})
+    async with httpx.AsyncClient(base_url=fleet.gateway.url) as http:
+        assert (await http.get("/metrics")).status_code == 401
+        assert (await http.get("/metrics", headers=bearer(key))).status_code == 403
+        other = bearer(finance.json()["secret"])
+        assert (await http.get("/metrics", headers=other)).status_code == 403
+        assert (await http.get("/metrics", headers=bearer(scrape))).status_code == 200
+        admin = {"Authorization": fleet.api.headers["Authorization"]}
+        assert (await http.get("/metrics", headers=admin)).status_code == 200
+        assert set((await http.get("/health", headers=bearer(key))).json()) == {"status"}
+        detail = (await http.get("/health", headers=bearer(scrape))).json()
+        assert detail["upstreams"][MODEL]["endpoints"]
+        credential_id = created.json()["id"]
+        await fleet.api.delete(f"/api/v1/credentials/{credential_id}")
+        assert (await http.get("/metrics", headers=bearer(scrape))).status_code == 401

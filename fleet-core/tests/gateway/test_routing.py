@@ -183,7 +183,11 @@ async def test_discovery_adds_an_endpoint_while_a_stream_is_in_flight(
     control.state.urls = [first.url]
     control.state.polls = 0
 
+    token = "gateway-credential-for-the-control-plane"
+
     async def endpoints(request: Request) -> Response:
+        if request.headers.get("authorization") != f"Bearer {token}":
+            return Response(status_code=401)  # as the real control plane answers without it
         control.state.polls += 1
         tag = '"' + ",".join(control.state.urls) + '"'
         if request.headers.get("if-none-match") == tag:
@@ -203,7 +207,12 @@ async def test_discovery_adds_an_endpoint_while_a_stream_is_in_flight(
 
     control.router.routes.append(Route("/api/v1/endpoints", endpoints))
     cp_url = await serve_app(control)
-    gw = await start_gateway({"upstreams": []}, control_plane_url=cp_url, discovery_interval_s=0.1)
+    gw = await start_gateway(
+        {"upstreams": []},
+        control_plane_url=cp_url,
+        control_plane_token=token,
+        discovery_interval_s=0.1,
+    )
     client = gw.client()
     for _ in range(50):
         if (await client.models.list()).data:

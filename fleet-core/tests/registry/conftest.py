@@ -66,6 +66,8 @@ def object_store(
 class ControlPlane:
     url: str
     stop: Callable[[], Awaitable[None]]
+    headers: dict[str, str]
+    """The admin's: its bearer token, and the JSON content type writes need."""
 
 
 ControlPlaneFactory = Callable[..., Awaitable[ControlPlane]]
@@ -76,6 +78,8 @@ async def start_control_plane(
     postgres_url: str,
     hub: HubUnderTest,
     object_store: tuple[RegistrySettings, ObjectStore],
+    admin_token: str,
+    admin_headers: dict[str, str],
 ) -> AsyncIterator[ControlPlaneFactory]:
     """``await start_control_plane(**registry_fields)``: a control plane on this test's database,
     hub and store; ``.stop()`` shuts it down (pulls are suspended, as on SIGTERM)."""
@@ -85,7 +89,10 @@ async def start_control_plane(
             defaults = {"hub_url": hub.url, "stall_timeout_s": 1.0, "persist_every_s": 0.1}
             registry = replace(object_store[0], **{**defaults, **fields})
             settings = ApiserverSettings(
-                database_url=postgres_url, log=LogSettings(access=False), registry=registry
+                database_url=postgres_url,
+                log=LogSettings(access=False),
+                registry=registry,
+                admin_token=admin_token,
             )
             stack = contextlib.AsyncExitStack()
             resources = await stack.enter_async_context(open_resources(settings))
@@ -93,7 +100,7 @@ async def start_control_plane(
                 running_app(create_apiserver_app(settings, resources))
             )
             outer.push_async_callback(stack.aclose)
-            return ControlPlane(url, stack.aclose)
+            return ControlPlane(url, stack.aclose, admin_headers)
 
         yield start
 
@@ -102,7 +109,7 @@ async def start_control_plane(
 async def api(start_control_plane: ControlPlaneFactory) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client on a running control plane (directory store, then SeaweedFS)."""
     plane = await start_control_plane()
-    async with httpx.AsyncClient(base_url=plane.url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=plane.url, headers=plane.headers, timeout=30) as http:
         yield http
 
 

@@ -212,7 +212,7 @@ async def test_with_a_download_endpoint_the_store_serves_the_file_through_a_sign
     s3 = object_store[0].s3
     assert s3 is not None
     plane = await start_control_plane(s3=replace(s3, download_endpoint=s3.endpoint))
-    async with httpx.AsyncClient(base_url=plane.url, timeout=30) as api:
+    async with httpx.AsyncClient(base_url=plane.url, headers=plane.headers, timeout=30) as api:
         listed = await ready(api, "fleet/tiny-gguf", "m")
         (gguf,) = [f for f in listed if f["path"].endswith(".gguf")]
         url = f"/api/v1/models/m/files/{gguf['path']}"

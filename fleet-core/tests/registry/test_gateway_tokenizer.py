@@ -14,6 +14,7 @@ from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, validate
 from fleet_core.settings import GatewaySettings, LogSettings, from_env
 from fleet_core.stub_engine import StubSettings, create_app, running_app
+from fleet_testing.fix_auth import bearer
 
 from .conftest import ControlPlaneFactory, pull_to_end, register
 
@@ -25,10 +26,14 @@ async def test_the_gateway_counts_with_the_registry_tokenizer(
     start_control_plane: ControlPlaneFactory,
 ) -> None:
     plane = await start_control_plane()
-    async with httpx.AsyncClient(base_url=plane.url, timeout=30) as api:
+    async with httpx.AsyncClient(base_url=plane.url, headers=plane.headers, timeout=30) as api:
         await register(api, "fleet/tiny-safetensors", id="tiny")
         assert (await pull_to_end(api, "tiny"))["status"] == "Ready"
-        served = (await api.get("/api/v1/models/tiny/tokenizer")).text
+        credential = {"role": "gateway", "label": "gateway"}
+        token = (await api.post("/api/v1/credentials", json=credential)).json()["secret"]
+        envelope = (await api.get("/api/v1/models/tiny/tokenizer")).text  # admin may, too
+        served = (await api.get("/api/v1/models/tiny/tokenizer", headers=bearer(token))).text
+    assert served == envelope
     expected = len(Tokenizer.from_str(served).encode(PROMPT, add_special_tokens=False).ids)
 
     config = msgspec.convert(
@@ -46,7 +51,10 @@ async def test_the_gateway_counts_with_the_registry_tokenizer(
         )
         validate(config)
         settings = GatewaySettings(
-            config=config, control_plane_url=plane.url, log=LogSettings(access=False)
+            config=config,
+            control_plane_url=plane.url,
+            control_plane_token=token,
+            log=LogSettings(access=False),
         )
         resources = await stack.enter_async_context(open_resources(settings))
         gateway = await stack.enter_async_context(
@@ -73,3 +81,16 @@ def test_a_registry_tokenizer_needs_the_control_plane_url() -> None:
     )
     with pytest.raises(ConfigError, match="FLEET_CONTROL_PLANE_URL"):
         from_env({}, config)
+
+
+def test_the_control_plane_url_needs_the_gateways_credential() -> None:
+    """The control plane answers no anonymous caller, so a gateway without its token could
+    only fail at every poll: it refuses to start instead, in one line."""
+    with pytest.raises(ConfigError, match="FLEET_CONTROL_PLANE_TOKEN"):
+        from_env({"FLEET_CONTROL_PLANE_URL": "http://127.0.0.1:8081"}, GatewayConfig())
+    settings = from_env(
+        {"FLEET_CONTROL_PLANE_URL": "http://cp:8081", "FLEET_CONTROL_PLANE_TOKEN": "t" * 40},
+        GatewayConfig(),
+    )
+    assert settings.control_plane_token == "t" * 40
+    assert "t" * 40 not in repr(settings)

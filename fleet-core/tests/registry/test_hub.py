@@ -88,7 +88,7 @@ async def test_with_the_token_the_pull_is_authorized(
     hub.hub.token = "hf_sekrit_token_value"
     caplog.set_level(logging.DEBUG)
     plane = await start_control_plane(hf_token="hf_sekrit_token_value")
-    async with httpx.AsyncClient(base_url=plane.url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=plane.url, headers=plane.headers, timeout=30) as http:
         await register(http, "fleet/tiny-gguf", id="private")
         model = await pull_to_end(http, "private")
     assert model["status"] == "Ready", model["reason"]

@@ -17,7 +17,7 @@ async def interrupt_a_pull(start_control_plane: ControlPlaneFactory) -> int:
     """Pulls ``fleet/slow`` until over 1 MiB of its weights arrived, then stops the control plane;
     returns the bytes done it last reported."""
     plane = await start_control_plane()
-    async with httpx.AsyncClient(base_url=plane.url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=plane.url, headers=plane.headers, timeout=30) as http:
         body = {"id": "slow", "source": {"uri": "hf://fleet/slow"}}
         assert (await http.post("/api/v1/models", json=body)).status_code == 201
         assert (await http.post("/api/v1/models/slow/pull")).status_code == 202
@@ -35,7 +35,7 @@ async def test_a_pull_interrupted_by_a_restart_resumes(
 ) -> None:
     await interrupt_a_pull(start_control_plane)
     plane = await start_control_plane()
-    async with httpx.AsyncClient(base_url=plane.url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=plane.url, headers=plane.headers, timeout=30) as http:
         resumed = await http.get("/api/v1/models/slow")
         assert resumed.json()["status"] == "Pulling"
         async for _ in events(http, "slow"):
@@ -61,7 +61,7 @@ async def test_with_resume_off_an_interrupted_pull_is_failed_with_the_reason(
 ) -> None:
     await interrupt_a_pull(start_control_plane)
     plane = await start_control_plane(resume_on_start=False)
-    async with httpx.AsyncClient(base_url=plane.url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=plane.url, headers=plane.headers, timeout=30) as http:
         model = (await http.get("/api/v1/models/slow")).json()
         assert model["status"] == "Failed"
         assert "interrupted by a control-plane restart" in model["reason"]

@@ -13,6 +13,7 @@ from fleet_core.errors import ConfigError
 from fleet_core.registry.settings import DEFAULT_HUB_URL, registry_settings
 from fleet_core.settings import LogSettings
 from fleet_core.stub_engine import running_app
+from fleet_testing.fix_auth import bearer
 
 from .conftest import pull_to_end, register
 
@@ -69,7 +70,7 @@ def free_port() -> int:
 
 
 async def test_the_control_plane_pulls_from_its_own_synthetic_hub(
-    postgres_url: str, tmp_path: object
+    postgres_url: str, tmp_path: object, admin_token: str
 ) -> None:
     port = free_port()
     env = {"FLEET_SYNTHETIC_HUB": "true", "FLEET_MODELS_DIR": str(tmp_path)}
@@ -77,11 +78,12 @@ async def test_the_control_plane_pulls_from_its_own_synthetic_hub(
         database_url=postgres_url,
         log=LogSettings(access=False),
         registry=registry_settings(env, listen=f"127.0.0.1:{port}"),
+        admin_token=admin_token,
     )
     async with (
         open_resources(settings) as resources,
         running_app(create_apiserver_app(settings, resources), port=port) as url,
-        httpx.AsyncClient(base_url=url, timeout=30) as http,
+        httpx.AsyncClient(base_url=url, headers=bearer(admin_token), timeout=30) as http,
     ):
         await register(http, "fleet/tiny-safetensors", id="dev")
         model = await pull_to_end(http, "dev")

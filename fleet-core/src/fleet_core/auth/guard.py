@@ -87,7 +87,7 @@ def protect(
 
 def guard(route: Route, policy: Policy, auth: AuthService) -> Route:
     """``route`` behind ``policy``."""
-    endpoint: Endpoint = route.endpoint  # type: ignore[assignment]
+    endpoint: Endpoint = route.endpoint
 
     @functools.wraps(endpoint)
     async def guarded(request: Request) -> Response:

@@ -29,7 +29,7 @@ class _Credentials:
         return web.json_response(issued, 201)
 
     async def list(self, request: Request) -> Response:
-        return web.json_response({"object": "list", "data": await self.service.list()})
+        return web.json_response({"object": "list", "data": await self.service.credentials()})
 
     async def revoke(self, request: Request) -> Response:
         return web.json_response(await self.service.revoke(request.path_params["credential_id"]))

@@ -98,8 +98,8 @@ class AuthService:
             **{f: getattr(stored, f) for f in stored.__struct_fields__}, secret=secret
         )
 
-    async def list(self) -> list[Credential]:
-        return await self.store.list()
+    async def credentials(self) -> list[Credential]:
+        return await self.store.credentials()
 
     async def revoke(self, credential_id: str) -> Credential:
         revoked = await self.store.revoke(credential_id) if len(credential_id) <= 64 else None

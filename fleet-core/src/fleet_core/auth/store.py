@@ -59,7 +59,7 @@ class NewEvent:
 class AuthStore(Protocol):
     async def insert(self, new: NewCredential) -> Credential: ...
 
-    async def list(self) -> list[Credential]: ...
+    async def credentials(self) -> list[Credential]: ...
 
     async def revoke(self, credential_id: str) -> Credential | None: ...
 
@@ -98,7 +98,7 @@ class MemoryAuthStore:
         self._rows[new.id] = (row, new.secret_hash)
         return row
 
-    async def list(self) -> list[Credential]:
+    async def credentials(self) -> list[Credential]:
         return sorted((row for row, _ in self._rows.values()), key=lambda c: c.created_at)
 
     async def revoke(self, credential_id: str) -> Credential | None:
@@ -157,7 +157,7 @@ class PostgresAuthStore:
         assert row is not None, "INSERT … RETURNING returns the row"
         return row
 
-    async def list(self) -> list[Credential]:
+    async def credentials(self) -> list[Credential]:
         async with self._pool.connection() as conn:
             cursor = conn.cursor(row_factory=utc_row(Credential))
             await cursor.execute(

@@ -40,6 +40,7 @@ from fleet_core.gateway.routes import gateway_routes
 from fleet_core.gateway.routing.endpoints import EndpointRegistry
 from fleet_core.gateway.service import GatewayService
 from fleet_core.gateway.tokenizers import RegistryTokenizers, registry_id
+from fleet_core.gateway.viewers import Viewers
 from fleet_core.ledger import LedgerWriter
 from fleet_core.metering.metrics import GatewayMetrics
 from fleet_core.metering.records import FanOut, RingSink, UsageSink
@@ -152,7 +153,9 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
         on_store_error=settings.admission.on_store_error,
     )
     tokenizers = (
-        RegistryTokenizers(resources.session, settings.control_plane_url)
+        RegistryTokenizers(
+            resources.session, settings.control_plane_url, token=settings.control_plane_token
+        )
         if settings.control_plane_url
         else None
     )
@@ -195,6 +198,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
                         settings.control_plane_url,
                         router.apply_discovery,
                         interval=settings.discovery_interval_s,
+                        token=settings.control_plane_token,
                     ),
                     name="discovery",
                 )
@@ -216,7 +220,11 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
         resources.ring,
         admission=admission,
         metrics=metrics,
-        metrics_token=settings.admission.metrics_token,
+        viewers=Viewers(
+            admission,
+            metrics_token=settings.admission.metrics_token,
+            pool=database.pool if database else None,
+        ),
         max_body=settings.max_body_bytes,
     )
     app = Starlette(

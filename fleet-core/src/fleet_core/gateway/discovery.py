@@ -55,12 +55,15 @@ async def poll_endpoints(
     apply: Callable[[list[DiscoveredModel]], None],
     *,
     interval: float,
+    token: str | None = None,
 ) -> None:
-    """Poll forever; ``apply`` is called with every changed document. Errors keep the last one."""
+    """Poll forever; ``apply`` is called with every changed document. Errors keep the last one.
+    ``token``: the gateway's control-plane credential (FLEET_CONTROL_PLANE_TOKEN)."""
     etag: str | None = None
     url = base_url.rstrip("/") + "/api/v1/endpoints"
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
     while True:
-        headers = {"If-None-Match": etag} if etag else {}
+        headers = {**auth, "If-None-Match": etag} if etag else auth
         try:
             async with session.get(url, headers=headers) as response:
                 if response.status == 200:

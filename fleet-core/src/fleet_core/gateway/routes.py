@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import time
 from typing import Any
 
@@ -17,6 +16,7 @@ from fleet_core.errors import InvalidRequest, PayloadTooLarge
 from fleet_core.gateway.responses import ClientGone, StreamResponse, until_disconnect
 from fleet_core.gateway.router import Router
 from fleet_core.gateway.service import GatewayService
+from fleet_core.gateway.viewers import Viewers
 from fleet_core.gateway.wire import Kind, parse_request
 from fleet_core.metering.metrics import GatewayMetrics
 from fleet_core.metering.records import RingSink
@@ -62,17 +62,17 @@ class _Endpoints:
         *,
         admission: Admission,
         metrics: GatewayMetrics,
-        metrics_token: str | None,
+        viewers: Viewers,
         max_body: int,
     ) -> None:
         self.service, self.router, self.ring, self.max_body = service, router, ring, max_body
-        self.admission, self.metrics, self.metrics_token = admission, metrics, metrics_token
+        self.admission, self.metrics, self.viewers = admission, metrics, viewers
 
-    def _operator(self, request: Request) -> Principal | None:
-        """Who may read fleet-wide data: None for the metrics token (everything), else a key."""
-        authorization = request.headers.get("authorization", "")
-        token = authorization.partition(" ")[2].strip()
-        if self.metrics_token and hmac.compare_digest(token.encode(), self.metrics_token.encode()):
+    async def _reader(self, request: Request) -> Principal | None:
+        """Whose records a caller may read: None for everyone's (the metrics credential), else
+        its key's tenant."""
+        authorization = request.headers.get("authorization")
+        if await self.viewers.sees_all(authorization):
             return None
         return self.admission.authenticate(authorization)
 
@@ -118,7 +118,11 @@ class _Endpoints:
         return web.json_response({"object": "list", "data": data})
 
     async def health(self, request: Request) -> Response:
-        return web.json_response({"status": "ok", "upstreams": self.router.describe()})
+        """ok or degraded for anyone; the upstreams (engine URLs) for the metrics credential."""
+        body: dict[str, Any] = {"status": "ok" if self.router.any_ready() else "degraded"}
+        if await self.viewers.sees_all(request.headers.get("authorization")):
+            body["upstreams"] = self.router.describe()
+        return web.json_response(body)
 
     async def healthz(self, request: Request) -> Response:
         return web.json_response({"status": "ok"})
@@ -128,12 +132,14 @@ class _Endpoints:
         problems = [] if self.router.any_ready() else ["no ready endpoint"]
         if admission_problem := await self.admission.ready():
             problems.append(admission_problem)
-        body = {"status": "; ".join(problems) or "ready", "upstreams": self.router.describe()}
+        body: dict[str, Any] = {"status": "; ".join(problems) or "ready"}
+        if await self.viewers.sees_all(request.headers.get("authorization")):
+            body["upstreams"] = self.router.describe()
         return web.json_response(body, 503 if problems else 200)
 
     async def requests(self, request: Request) -> Response:
         """Recent usage records; a tenant's key sees its own tenant's only."""
-        viewer = self._operator(request) if self.admission.auth_required else None
+        viewer = await self._reader(request)
         raw = request.query_params.get("limit", "100")
         if not raw.isdigit():
             raise InvalidRequest("limit must be a non-negative integer", param="limit")
@@ -143,8 +149,7 @@ class _Endpoints:
         return web.json_response({"object": "list", "data": records[: min(int(raw), 1000)]})
 
     async def prometheus(self, request: Request) -> Response:
-        if self.admission.auth_required:
-            self._operator(request)
+        await self.viewers.require(request.headers.get("authorization"))
         body, content_type = self.metrics.render(request.headers.get("accept"))
         return Response(body, headers={"Content-Type": content_type})
 
@@ -156,7 +161,7 @@ def gateway_routes(
     *,
     admission: Admission,
     metrics: GatewayMetrics,
-    metrics_token: str | None,
+    viewers: Viewers,
     max_body: int,
 ) -> list[BaseRoute]:
     ep = _Endpoints(
@@ -165,7 +170,7 @@ def gateway_routes(
         ring,
         admission=admission,
         metrics=metrics,
-        metrics_token=metrics_token,
+        viewers=viewers,
         max_body=max_body,
     )
     return [

@@ -32,9 +32,12 @@ def registry_id(tokenizer: str | None) -> str | None:
 
 
 class RegistryTokenizers:
-    def __init__(self, session: aiohttp.ClientSession, control_plane_url: str) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, control_plane_url: str, *, token: str | None = None
+    ) -> None:
         self._session = session
         self._base = control_plane_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._loaded: dict[str, Counter] = {}
 
     def get(self, model_id: str) -> Counter | None:
@@ -45,7 +48,8 @@ class RegistryTokenizers:
         for model_id in sorted(set(model_ids) - self._loaded.keys()):
             url = f"{self._base}/api/v1/models/{quote(model_id, safe='')}/tokenizer"
             try:
-                async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
+                timeout = aiohttp.ClientTimeout(total=10)
+                async with self._session.get(url, headers=self._headers, timeout=timeout) as r:
                     if r.status != 200:
                         log.warning("tokenizer of %s not available yet (%s)", model_id, r.status)
                         continue

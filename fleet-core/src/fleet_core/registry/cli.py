@@ -5,7 +5,9 @@
     fleet models list
     fleet models show qwen2.5-0.5b-instruct
 
-The control plane is ``--api`` or FLEET_CONTROL_PLANE_URL (default http://127.0.0.1:8081).
+The control plane is ``--api`` or FLEET_CONTROL_PLANE_URL (default http://127.0.0.1:8081); the
+credential is FLEET_TOKEN or FLEET_TOKEN_FILE, else the admin token ``make dev`` keeps in
+``.dev/admin-token``.
 Ctrl-C during a pull cancels it on the control plane (the pull would otherwise go on without you).
 Exit status: 0 Ready, 1 the pull ended otherwise or the API refused, 2 a usage error.
 """
@@ -33,6 +35,9 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.table import Table
+
+from fleet_core.auth.tokens import bearer, client_token
+from fleet_core.errors import ConfigError
 
 __all__ = ["main"]
 
@@ -150,9 +155,11 @@ async def _show(api: _Api, model_id: str, console: Console) -> int:
     return 0
 
 
-async def _run(args: argparse.Namespace) -> int:
+async def _run(args: argparse.Namespace, token: str | None) -> int:
     console = Console()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+    headers = {"Content-Type": "application/json", **bearer(token)}  # every write is JSON
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         api = _Api(session, args.api)
         try:
             if args.action == "pull":
@@ -186,7 +193,12 @@ def _parser(default_api: str) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     default_api = os.environ.get("FLEET_CONTROL_PLANE_URL") or DEFAULT_API
     args = _parser(default_api).parse_args(argv)
-    raise SystemExit(asyncio.run(_run(args)))
+    try:
+        token = client_token(os.environ)
+    except ConfigError as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise SystemExit(asyncio.run(_run(args, token)))
 
 
 if __name__ == "__main__":
