@@ -145,12 +145,16 @@ async def start_operator(tmp_path: Path, kubeconfig: Path) -> AsyncIterator[Star
     """Start the operator process against the kmock API; stops it (SIGTERM) at teardown."""
     started: list[Operator] = []
 
-    async def start(report_to: str, *extra: str) -> Operator:
+    async def start(report_to: str, *extra: str, token: str = "stand-in-token") -> Operator:
+        """``token``: the operator credential, handed over in a file as a Secret would be."""
         port = free_port()
         liveness = f"http://127.0.0.1:{port}/healthz"
         log = tmp_path / f"operator-{len(started)}.log"
+        token_file = tmp_path / f"operator-{len(started)}.token"
+        token_file.write_text(token + "\n")
         argv = [sys.executable, "-m", "fleet_serving", "run", f"--report-to={report_to}"]
-        argv += ["--cluster=test", f"--liveness={liveness}", "--log-format=plain", *extra]
+        argv += ["--cluster=test", f"--liveness={liveness}", "--log-format=plain"]
+        argv += [f"--report-token-file={token_file}", *extra]
         env = os.environ | {"KUBECONFIG": str(kubeconfig)}
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(

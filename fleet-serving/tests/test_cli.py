@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,12 +13,24 @@ from fleet_serving.errors import ConfigError
 from fleet_serving.settings import parse_args, parse_duration
 
 
-def test_flags_become_settings() -> None:
+@pytest.fixture
+def token(tmp_path: Path) -> str:
+    """``--report-token-file=…``: the operator credential, as its mounted Secret holds it."""
+    path = tmp_path / "token"
+    path.write_text("fsc_operator-credential\n")
+    return f"--report-token-file={path}"
+
+
+def test_flags_become_settings(token: str) -> None:
     settings = parse_args(
         ["run", "--report-to=http://cp:8081/", "--cluster", "eu-1", "--namespace", "models",
-         "--report-interval", "45s", "--resync", "2m"],
+         "--report-interval", "45s", "--resync", "2m", token, "--engine-token-secret=engines"],
         {"KUBECONFIG": "/k"},
     )  # fmt: skip
+    assert settings.reporter.token is not None
+    assert settings.reporter.token.read() == "fsc_operator-credential"
+    assert "fsc_operator-credential" not in repr(settings)  # only the file's path is kept
+    assert settings.engine_token_secret == "engines"
     assert settings.reporter.url == "http://cp:8081"
     assert settings.reporter.cluster_id == "eu-1"
     assert settings.reporter.interval == 45.0
@@ -26,9 +39,10 @@ def test_flags_become_settings() -> None:
     assert settings.kubeconfig == "/k"
 
 
-def test_defaults_watch_all_namespaces() -> None:
-    settings = parse_args(["run", "--report-to=https://cp"], {})
+def test_defaults_watch_all_namespaces(token: str) -> None:
+    settings = parse_args(["run", "--report-to=https://cp", token], {})
     assert settings.namespaces == ()
+    assert settings.engine_token_secret == "fleet-engine-token"
     assert settings.reporter.interval == 30.0
     assert settings.kubeconfig is None
 
@@ -42,12 +56,28 @@ def test_defaults_watch_all_namespaces() -> None:
         (["run", "--report-to=http://cp", "--report-interval=0s"], "not a duration"),
         (["run", "--report-to=http://cp", "--namespace=a", "--all-namespaces"], "not allowed"),
         (["run", "--report-to=http://cp", "--cluster="], "--cluster"),
+        (["run", "--report-to=http://cp", "--engine-token-secret=A_B"], "not a Secret name"),
         (["serve"], "invalid choice"),
     ],
 )
-def test_bad_command_lines_are_refused(argv: list[str], message: str) -> None:
+def test_bad_command_lines_are_refused(argv: list[str], message: str, token: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        parse_args(argv, {})
+        parse_args([*argv, token] if argv != ["serve"] else argv, {})
+
+
+@pytest.mark.parametrize("content", [None, "", "\n"])
+def test_the_operator_refuses_to_start_without_its_credential(
+    tmp_path: Path, content: str | None
+) -> None:
+    """Closed by default: no file, or an empty one, is a refusal in one line, not an operator
+    that would report anonymously and be told 401 forever."""
+    path = tmp_path / "token"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=r"--report-token-file .* is missing, unreadable"):
+        parse_args(["run", "--report-to=http://cp", f"--report-token-file={path}"], {})
+    with pytest.raises(ConfigError, match="--report-token-file"):
+        parse_args(["run", "--report-to=http://cp"], {})
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("2m", 120), ("500ms", 0.5),
@@ -56,9 +86,9 @@ def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-def test_a_bad_flag_exits_2_with_one_line() -> None:
+def test_a_bad_flag_exits_2_with_one_line(token: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "fleet_serving", "run", "--report-to=http://cp", "--bogus"],
+        [sys.executable, "-m", "fleet_serving", "run", "--report-to=http://cp", token, "--bogus"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 2
@@ -66,9 +96,9 @@ def test_a_bad_flag_exits_2_with_one_line() -> None:
     assert result.stdout == ""
 
 
-def test_missing_credentials_exit_2_with_one_line(tmp_path: object) -> None:
+def test_missing_credentials_exit_2_with_one_line(token: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "fleet_serving", "run", "--report-to=http://cp"],
+        [sys.executable, "-m", "fleet_serving", "run", "--report-to=http://cp", token],
         capture_output=True, text=True, timeout=60, check=False,
         env={"KUBECONFIG": "/nonexistent/kubeconfig", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip

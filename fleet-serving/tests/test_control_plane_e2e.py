@@ -1,7 +1,9 @@
 """The inventory PUT received by a real control plane process (fleet-core's apiserver).
 
 fleet-core runs as a subprocess, started by module name; the test imports nothing of it (P7).
-Without a database the apiserver keeps inventory in memory, validating with the contract.
+Without a database the apiserver keeps inventory in memory, validating with the contract. The
+operator reports with an ``operator`` credential for its cluster, issued by the control plane's
+admin as a deployment would (docs/security.md), and handed to it in a file.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-async def control_plane(tmp_path: Path) -> AsyncIterator[str]:
+async def control_plane(tmp_path: Path, admin_token: str) -> AsyncIterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (tmp_path / "apiserver.log").open("wb")
     argv = [sys.executable, "-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{port}"]
     # No database: the apiserver keeps inventory in memory (whatever FLEET_* this shell has).
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env["FLEET_ADMIN_TOKEN"] = admin_token
     process = await asyncio.create_subprocess_exec(
         *argv, stdout=log, stderr=subprocess.STDOUT, env=env
     )
@@ -51,11 +54,23 @@ async def control_plane(tmp_path: Path) -> AsyncIterator[str]:
         log.close()
 
 
-async def until_reported(url: str, *, within: float = 20.0) -> dict[str, Any]:
+async def operator_credential(control_plane: str, admin_token: str, cluster: str) -> str:
+    """What an admin does once per cluster: ``POST /api/v1/credentials`` for its operator."""
+    body = {"role": "operator", "label": f"operator of {cluster}", "clusterId": cluster}
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    async with (
+        aiohttp.ClientSession(headers=headers) as session,
+        session.post(f"{control_plane}/api/v1/credentials", json=body) as response,
+    ):
+        assert response.status == 201, await response.text()
+        return str((await response.json())["secret"])
+
+
+async def until_reported(url: str, token: str, *, within: float = 20.0) -> dict[str, Any]:
     """GET the cluster from the control plane until its report lists a deployment."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
         while loop.time() < deadline:
             async with session.get(url) as response:
                 body = await response.json() if response.status == 200 else {}
@@ -66,14 +81,15 @@ async def until_reported(url: str, *, within: float = 20.0) -> dict[str, Any]:
 
 
 async def test_a_real_control_plane_accepts_the_report(
-    api: Api, control_plane: str, start_operator: StartOperator
+    api: Api, control_plane: str, start_operator: StartOperator, admin_token: str
 ) -> None:
     await api.create(NODES, a_gpu_node("gpu-1", gpus=4))
     await api.create(NODES, cpu_node("cpu-1"))
-    await start_operator(control_plane, "--report-interval=30s")
+    token = await operator_credential(control_plane, admin_token, "test")
+    await start_operator(control_plane, "--report-interval=30s", token=token)
     await api.create(FM, fleetmodel("gemma", engine="llamacpp", weightFormat="gguf",
                                     gpusPerReplica=0))  # fmt: skip
-    report = await until_reported(f"{control_plane}/api/v1/clusters/test")
+    report = await until_reported(f"{control_plane}/api/v1/clusters/test", admin_token)
     assert sorted(n["name"] for n in report["nodes"]) == ["cpu-1", "gpu-1"]
     (gpu_node,) = [n for n in report["nodes"] if n["name"] == "gpu-1"]
     assert gpu_node["gpus"][0]["count"] == 4
@@ -81,3 +97,29 @@ async def test_a_real_control_plane_accepts_the_report(
     assert (model["servedModelName"], model["engine"], model["weightFormat"]) == (
         "gemma", "llamacpp", "gguf"
     )  # fmt: skip
+
+
+async def test_an_operator_without_a_valid_credential_changes_nothing(
+    api: Api, control_plane: str, start_operator: StartOperator, admin_token: str
+) -> None:
+    """Another cluster's credential, or a made-up one, is refused (403, 401 in the apiserver's
+    tests): both operators keep retrying, and nothing lands."""
+    await api.create(NODES, cpu_node("cpu-1"))
+    other = await operator_credential(control_plane, admin_token, "elsewhere")
+    first = await start_operator(control_plane, "--report-interval=1s", token=other)
+    second = await start_operator(control_plane, "--report-interval=1s", token="fsc_made_up")
+    await api.create(FM, fleetmodel("gemma", engine="llamacpp", weightFormat="gguf",
+                                    gpusPerReplica=0))  # fmt: skip
+    for operator in (first, second):
+        for _ in range(300):
+            if "inventory PUT failed" in operator.output():
+                break
+            await asyncio.sleep(0.05)
+        assert "inventory PUT failed" in operator.output()
+        assert "fsc_" not in operator.output()  # no credential reaches a log line
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    async with (
+        aiohttp.ClientSession(headers=headers) as session,
+        session.get(f"{control_plane}/api/v1/inventory") as response,
+    ):
+        assert (await response.json())["data"] == []

@@ -49,12 +49,13 @@ def store_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 async def control_plane(
-    postgres_url: str, store_env: dict[str, str], tmp_path: Path
+    postgres_url: str, store_env: dict[str, str], tmp_path: Path, admin_token: str
 ) -> AsyncIterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env |= {"FLEET_DATABASE_URL": postgres_url, "FLEET_SYNTHETIC_HUB": "1", **store_env}
+    env["FLEET_ADMIN_TOKEN"] = admin_token
     log_path = tmp_path / "apiserver.log"
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
@@ -78,15 +79,32 @@ async def control_plane(
         await asyncio.wait_for(process.wait(), timeout=15)
 
 
-async def call(method: str, url: str, body: Any = None) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as session, session.request(method, url, json=body) as r:
+async def call(method: str, url: str, body: Any = None, *, token: str) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession(headers=headers) as session,
+        session.request(method, url, json=body) as r,
+    ):
         assert r.status < 300, await r.text()
         return dict(await r.json())
 
 
-async def run_fetch(container: dict[str, Any], model_dir: Path) -> str:
-    """Run the init container's command and args here, as its image would."""
-    env = {"PATH": "/usr/bin:/bin"} | {e["name"]: e["value"] for e in container["env"]}
+async def credential(control_plane: str, admin_token: str, role: str, **fields: str) -> str:
+    """A service credential an admin issues (the operator's and the engines' Secrets hold them)."""
+    body = {"role": role, "label": role, **fields}
+    issued = await call("POST", f"{control_plane}/api/v1/credentials", body, token=admin_token)
+    return str(issued["secret"])
+
+
+async def run_fetch(
+    container: dict[str, Any], model_dir: Path, secrets: dict[tuple[str, str], str]
+) -> str:
+    """Run the init container's command and args here, as its image would, with the values of
+    the Secrets its environment refers to."""
+    env = {"PATH": "/usr/bin:/bin"}
+    for entry in container["env"]:
+        ref = entry.get("valueFrom", {}).get("secretKeyRef")
+        env[entry["name"]] = secrets[(ref["name"], ref["key"])] if ref else entry["value"]
     env["MODEL_DIR"] = str(model_dir)
     process = await asyncio.create_subprocess_exec(
         *container["command"], *container["args"], env=env,
@@ -116,11 +134,15 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
     control_plane: str,
     start_operator: StartOperator,
     tmp_path: Path,
+    admin_token: str,
 ) -> None:
     models = f"{control_plane}/api/v1/models"
-    await call("POST", models, {"id": "tiny", "source": {"uri": "hf://fleet/tiny-gguf"}})
+    admin = {"token": admin_token}
+    await call("POST", models, {"id": "tiny", "source": {"uri": "hf://fleet/tiny-gguf"}}, **admin)
     await api.create(NODES, cpu_node("cpu-1"))
-    await start_operator(control_plane, "--resync=1s", "--report-interval=30s")
+    operator = await credential(control_plane, admin_token, "operator", clusterId="test")
+    engine_token = await credential(control_plane, admin_token, "engine")
+    await start_operator(control_plane, "--resync=1s", "--report-interval=30s", token=operator)
     spec = {"engine": "llamacpp", "weightFormat": "gguf", "gpusPerReplica": 0}
     await api.create(FM, fleetmodel("tiny", source={"registry": "tiny"}, **spec))
     await api.create(FM, fleetmodel("ghost", source={"registry": "ghost"}, **spec))
@@ -133,9 +155,9 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
     assert live(kube, "deployments", "tiny") is None
 
     # Pulled: the operator notices on its own (retry), and renders the fetch.
-    await call("POST", f"{models}/tiny/pull")
+    await call("POST", f"{models}/tiny/pull", **admin)
     for _ in range(200):
-        model = await call("GET", f"{models}/tiny")
+        model = await call("GET", f"{models}/tiny", **admin)
         if model["status"] != "Pulling":
             break
         await asyncio.sleep(0.05)
@@ -152,10 +174,14 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
     # An earlier attempt was cut off halfway: the script resumes it (curl -C -, a Range request;
     # had the control plane ignored the Range, curl would have failed "cannot resume").
     gguf_url = f"{models}/tiny/files/tiny-q8_0.gguf"
-    async with aiohttp.ClientSession() as session, session.get(gguf_url) as response:
+    engine_auth = {"Authorization": f"Bearer {engine_token}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(gguf_url, headers=engine_auth) as response,
+    ):
         gguf = await response.read()
     write_bytes(fetched / "tiny-q8_0.gguf.partial", gguf[: len(gguf) // 2])
-    await run_fetch(fetch, fetched)
+    await run_fetch(fetch, fetched, {("fleet-engine-token", "token"): engine_token})
     stored = {f["path"]: f["sha256"] for f in model["facts"]["files"]}
     assert {p: sha256_of(fetched / p) for p in stored} == stored
     status = await eventually(
@@ -166,7 +192,8 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
     # The report names the registry model, so the control plane refuses to delete it in use.
     async with aiohttp.ClientSession() as session:
         for _ in range(200):
-            report = (await call("GET", f"{control_plane}/api/v1/clusters/test"))["report"]
+            cluster = await call("GET", f"{control_plane}/api/v1/clusters/test", **admin)
+            report = cluster["report"]
             if {d["name"]: d.get("registryModel") for d in report["deployments"]}.get("tiny"):
                 break
             await asyncio.sleep(0.05)
@@ -174,7 +201,9 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
             "tiny": "tiny",
             "ghost": "ghost",
         }
-        async with session.delete(f"{models}/tiny") as refused:
+        async with session.delete(
+            f"{models}/tiny", headers={"Authorization": f"Bearer {admin_token}"}
+        ) as refused:
             answer = await refused.json()
     assert refused.status == 409, answer
     assert "test/default/tiny" in answer["error"]["message"]
@@ -185,11 +214,14 @@ async def test_a_registry_model_in_the_wrong_format_fails_with_the_reason(
     api: Api,
     control_plane: str,
     start_operator: StartOperator,
+    admin_token: str,
 ) -> None:
     models = f"{control_plane}/api/v1/models"
-    await call("POST", models, {"id": "tiny", "source": {"uri": "hf://fleet/tiny-gguf"}})
-    await call("POST", f"{models}/tiny/pull")
-    await start_operator(control_plane, "--resync=1s", "--report-interval=30s")
+    admin = {"token": admin_token}
+    await call("POST", models, {"id": "tiny", "source": {"uri": "hf://fleet/tiny-gguf"}}, **admin)
+    await call("POST", f"{models}/tiny/pull", **admin)
+    operator = await credential(control_plane, admin_token, "operator", clusterId="test")
+    await start_operator(control_plane, "--resync=1s", "--report-interval=30s", token=operator)
     await api.create(FM, fleetmodel("wrong", source={"registry": "tiny"}))  # vLLM, safetensors
     status = await eventually(lambda: phase_of(kube, "wrong", "Failed"), within=30)
     assert status["message"] == (

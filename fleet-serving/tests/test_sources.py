@@ -25,6 +25,7 @@ from .conftest import serving
 
 OWNER = rendering.Owner(name="tiny", namespace="models", uid="uid-1")
 FILES = {"model.gguf": b"GGUF" + bytes(range(256)) * 64, "extra/readme.txt": b"hello\n"}
+ENGINE_TOKEN = "fsc_engine-credential-as-its-secret-holds-it"
 
 
 def sha(data: bytes) -> str:
@@ -66,6 +67,9 @@ def test_llamacpp_loads_the_fetched_gguf_after_an_init_container_fetches_every_f
         sha(FILES["model.gguf"]),
     ]  # fmt: skip
     assert fetch["volumeMounts"] == [{"name": "models", "mountPath": "/models"}]
+    token = {"secretKeyRef": {"name": "fleet-engine-token", "key": "token"}}
+    assert {"name": "FLEET_ENGINE_TOKEN", "valueFrom": token} in fetch["env"]
+    assert not any(ENGINE_TOKEN in str(value) for value in fetch.values())
     engine = pod["containers"][0]
     assert engine["args"][:2] == ["--model", "/models/model.gguf"]
 
@@ -117,6 +121,8 @@ async def file_server() -> AsyncIterator[tuple[str, dict[str, bytes], list[str]]
     requested: list[str] = []
 
     async def serve(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {ENGINE_TOKEN}":
+            return web.Response(status=401)  # as the control plane answers without it
         name = request.match_info["name"]
         ranged = request.headers.get("Range")
         requested.append(name + (f" {ranged}" if ranged else ""))
@@ -142,10 +148,15 @@ def contents(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-async def run_fetch(args: list[str], model_dir: Path) -> tuple[int, str]:
+async def run_fetch(
+    args: list[str], model_dir: Path, token: str | None = ENGINE_TOKEN
+) -> tuple[int, str]:
+    env = {"MODEL_DIR": str(model_dir), "PATH": "/usr/bin:/bin"}
+    if token is not None:
+        env["FLEET_ENGINE_TOKEN"] = token  # what the Secret gives the init container
     process = await asyncio.create_subprocess_exec(
         "sh", "-c", sources.FETCH_SCRIPT, "fetch-weights", *args,
-        env={"MODEL_DIR": str(model_dir), "PATH": "/usr/bin:/bin"},
+        env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out, _ = await process.communicate()
@@ -165,6 +176,21 @@ async def test_the_fetch_script_downloads_and_checks_every_file(
     code, out = await run_fetch(args, tmp_path)
     assert code == 0, out
     assert requested == []
+
+
+async def test_the_fetch_script_sends_the_engine_credential_and_needs_it(
+    file_server: tuple[str, dict[str, bytes], list[str]], tmp_path: Path
+) -> None:
+    url, _, requested = file_server
+    args = sources.fetch_args(RegistryWeights(control_plane=url, weights=weights()))
+    code, out = await run_fetch(args, tmp_path, token=None)
+    assert code != 0
+    assert "the engine credential Secret is not mounted" in out
+    code, out = await run_fetch(args, tmp_path, token="fsc_wrong")
+    assert code != 0
+    assert "401" in out
+    assert requested == []  # the stand-in served nothing without the right token
+    assert contents(tmp_path) == {}  # and the header file is gone from wherever it was
 
 
 async def test_the_fetch_script_refuses_a_file_whose_hash_differs(

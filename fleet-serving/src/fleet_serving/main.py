@@ -62,7 +62,12 @@ async def run(settings: Settings) -> None:
         deps = Deps(
             view=view,
             kube=Kube(api),
-            weights=WeightsClient(session, settings.reporter.url),
+            weights=WeightsClient(
+                session,
+                settings.reporter.url,
+                token=settings.reporter.token,
+                engine_token_secret=settings.engine_token_secret,
+            ),
             weights_retry_s=min(15.0, settings.resync_seconds),
         )
         reporter = Reporter(settings.reporter, view, session)

@@ -134,7 +134,10 @@ def _fetcher(spec: FleetModelSpec, registry: RegistryWeights | None) -> list[Obj
                 "image": sources.FETCH_IMAGE,
                 "command": ["sh", "-c", sources.FETCH_SCRIPT, "fetch-weights"],
                 "args": sources.fetch_args(registry),
-                "env": [{"name": "MODEL_DIR", "value": profiles.MODEL_DIR}],
+                "env": [
+                    {"name": "MODEL_DIR", "value": profiles.MODEL_DIR},
+                    sources.token_env(registry),
+                ],
                 "volumeMounts": mounts,
             }
         ]

@@ -19,6 +19,7 @@ import aiohttp
 import msgspec
 
 from fleet_contract import InventoryReport, encode_report
+from fleet_serving.credentials import TokenFile
 from fleet_serving.view import ClusterView
 
 __all__ = ["Reporter", "ReporterSettings", "backoff_delay"]
@@ -32,6 +33,8 @@ class ReporterSettings(msgspec.Struct, kw_only=True, frozen=True):
     url: str
     """The control plane's base URL; the report goes to ``{url}/api/v1/inventory``."""
     cluster_id: str
+    token: TokenFile | None = None
+    """The operator credential (``--report-token-file``) for this cluster."""
     interval: float = 30.0
     """Heartbeat: seconds between reports when nothing changes."""
     debounce: float = 0.2
@@ -100,6 +103,8 @@ class Reporter:
         url = self.settings.url.rstrip("/") + "/api/v1/inventory"
         timeout = aiohttp.ClientTimeout(total=self.settings.timeout)
         headers = {"Content-Type": "application/json"}
+        if self.settings.token is not None:
+            headers |= self.settings.token.headers()
         try:
             async with self.session.put(
                 url, data=encode_report(report), headers=headers, timeout=timeout

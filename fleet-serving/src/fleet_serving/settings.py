@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from fleet_serving.credentials import TokenFile
 from fleet_serving.errors import ConfigError
 from fleet_serving.reporting import ReporterSettings
 
@@ -20,12 +21,16 @@ __all__ = ["Settings", "parse_args", "parse_duration"]
 
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 class Settings(msgspec.Struct, kw_only=True, frozen=True):
     """Everything ``fleet-serving run`` is configured with."""
 
     reporter: ReporterSettings
+    engine_token_secret: str = "fleet-engine-token"
+    """The Secret (key ``token``), in each FleetModel's namespace, whose engine credential the
+    init container of a ``registry:`` model sends to download its files."""
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch for FleetModels; empty means all (cluster-wide)."""
     liveness: str = "http://0.0.0.0:8080/healthz"
@@ -64,6 +69,16 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the operator")
     run.add_argument("--report-to", required=True, help="control plane URL for the inventory")
     run.add_argument("--cluster", default="default", help="this cluster's id in the inventory")
+    run.add_argument(
+        "--report-token-file",
+        required=True,
+        help="a file holding the operator credential for --cluster (a mounted Secret)",
+    )
+    run.add_argument(
+        "--engine-token-secret",
+        default="fleet-engine-token",
+        help="Secret (key 'token') with the engine credential, in each model's namespace",
+    )
     scope = run.add_mutually_exclusive_group()
     scope.add_argument("--namespace", action="append", default=[], help="watch only this one")
     scope.add_argument("--all-namespaces", action="store_true", help="watch all (default)")
@@ -78,11 +93,13 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     """Settings from a command line; :class:`ConfigError` with one line when it cannot work."""
     args = _parser().parse_args(list(argv))
+    token = TokenFile(path=args.report_token_file)
     try:
         reporter = ReporterSettings(
             url=_url(args.report_to),
             cluster_id=args.cluster,
             interval=parse_duration(args.report_interval),
+            token=token,
         )
         resync = parse_duration(args.resync)
         _url(args.liveness)
@@ -90,8 +107,14 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         raise ConfigError(str(exc)) from exc
     if not args.cluster.strip():
         raise ConfigError("--cluster must not be empty")
+    if not _SECRET_NAME.match(args.engine_token_secret):
+        raise ConfigError(
+            f"--engine-token-secret {args.engine_token_secret!r} is not a Secret name"
+        )
+    token.check()
     return Settings(
         reporter=reporter,
+        engine_token_secret=args.engine_token_secret,
         namespaces=tuple(args.namespace),
         liveness=args.liveness,
         resync_seconds=resync,

@@ -17,7 +17,18 @@ from fleet_contract import ModelWeights
 from fleet_serving.errors import InvalidSpec
 from fleet_serving.spec import FleetModelSpec
 
-__all__ = ["FETCH_IMAGE", "FETCH_SCRIPT", "RegistryWeights", "check", "fetch_args", "gguf_file"]
+__all__ = [
+    "FETCH_IMAGE",
+    "FETCH_SCRIPT",
+    "TOKEN_ENV",
+    "RegistryWeights",
+    "check",
+    "fetch_args",
+    "gguf_file",
+    "token_env",
+]
+
+TOKEN_ENV = "FLEET_ENGINE_TOKEN"
 
 FETCH_IMAGE = "curlimages/curl:8.11.1"
 """curl with a busybox shell and sha256sum: all the fetch script needs."""
@@ -25,6 +36,10 @@ FETCH_IMAGE = "curlimages/curl:8.11.1"
 FETCH_SCRIPT = """\
 set -eu
 cd "$MODEL_DIR"
+auth=$(mktemp)  # the credential as a header file: never in curl's argv, never on the volume
+trap 'rm -f "$auth"' EXIT
+echo "Authorization: Bearer ${FLEET_ENGINE_TOKEN:?the engine credential Secret is not mounted}" \
+  > "$auth"
 verified() { echo "$2  $1" | sha256sum -c - >/dev/null 2>&1; }
 while [ "$#" -ge 3 ]; do
   name=$1; url=$2; sha=$3; shift 3
@@ -34,7 +49,8 @@ while [ "$#" -ge 3 ]; do
   mkdir -p "$(dirname "$name")"
   if ! { [ -f "$name.partial" ] && verified "$name.partial" "$sha"; }; then
     echo "fetching $name"
-    curl -fsSL --retry 10 --retry-delay 2 --retry-connrefused -C - -o "$name.partial" "$url" || {
+    curl -fsSL --retry 10 --retry-delay 2 --retry-connrefused -H @"$auth" -C - \
+      -o "$name.partial" "$url" || {
       code=$?  # 22: an HTTP error such as 416 for a partial that cannot be resumed; start over
       if [ "$code" -eq 22 ]; then rm -f "$name.partial"; fi
       exit "$code"
@@ -48,7 +64,10 @@ while [ "$#" -ge 3 ]; do
   mv "$name.partial" "$name"
 done
 """
-"""Arguments: triples of (path, url, sha256). A file already present with the right hash (the
+"""Arguments: triples of (path, url, sha256); FLEET_ENGINE_TOKEN (from the engine credential's
+Secret) is sent as a bearer header to the control plane, and not to a presigned store URL the
+control plane redirects to (curl drops custom Authorization headers on a redirect to another
+host). A file already present with the right hash (the
 init container restarted on the same volume) is kept; an interrupted download resumes where it
 stopped (``curl -C -`` sends ``Range: bytes=N-``); every file is checked before it is moved into
 place, so the engine never sees a partial or unverified file, and a file that fails the check is
@@ -63,6 +82,8 @@ class RegistryWeights(msgspec.Struct, kw_only=True, frozen=True):
     control_plane: str
     """The control plane's base URL, as reachable from pods (the operator's ``--report-to``)."""
     weights: ModelWeights
+    token_secret: str = "fleet-engine-token"
+    """The Secret (key ``token``, in the model's namespace) holding the engine credential."""
 
     def file_url(self, path: str) -> str:
         model = quote(self.weights.model_id, safe="")
@@ -92,6 +113,12 @@ def gguf_file(weights: ModelWeights) -> str | None:
     """The file llama.cpp is pointed at: the first ``.gguf`` by name (a split model's part 1)."""
     names = sorted(f.path for f in weights.files if f.path.endswith(".gguf"))
     return names[0] if names else None
+
+
+def token_env(source: RegistryWeights) -> dict[str, object]:
+    """The init container's FLEET_ENGINE_TOKEN, from the engine credential's Secret."""
+    ref = {"name": source.token_secret, "key": "token"}
+    return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}
 
 
 def fetch_args(source: RegistryWeights) -> list[str]:
