@@ -7,8 +7,12 @@
 #   1. installs k3s (single node; its bundled Traefik serves the gateway on port 80) unless a
 #      `k3s` binary is already present; K3S_VERSION pins a release (default: the stable channel);
 #   2. waits until the node is Ready;
-#   3. applies deploy/overlays/k3s (the FleetModel CRD, RBAC, operator, control plane, gateway)
-#      and waits for the three Deployments to roll out.
+#   3. creates what deploy/ ships no default for (docs/security.md), each only if it is missing:
+#      the control plane's admin token (random), and, without a fleet-core Secret, one holding a
+#      random gateway API key (printed once) so the gateway serves closed, never anonymously;
+#   4. applies deploy/overlays/k3s (the FleetModel CRD, RBAC, operator, control plane, gateway),
+#      waits for the control plane, issues the operator (cluster k3s), gateway, engine and metrics
+#      credentials through its API and stores each in its Secret, then waits for the rest.
 #
 # GPUs: for vLLM models, install the NVIDIA container toolkit before k3s (k3s then registers the
 # `nvidia` runtime) and the NVIDIA device plugin + GPU feature discovery afterwards, so nodes
@@ -36,11 +40,53 @@ kubectl="k3s kubectl"
 echo "k3s-bootstrap: waiting for the node"
 $kubectl wait --for=condition=Ready node --all --timeout=180s
 
+random() { openssl rand -hex 32; }
+missing() { ! $kubectl -n "$1" get secret "$2" >/dev/null 2>&1; }
+# A Secret from stdin (never from argv, where `ps` would show it).
+store() { $kubectl -n "$1" create secret generic "$2" --from-file=token=/dev/stdin >/dev/null; }
+
+$kubectl apply -f "$here/base/namespace.yaml"
+if missing fleet-system fleet-admin-token; then
+  random | store fleet-system fleet-admin-token
+fi
+if missing fleet-system fleet-core; then
+  key="demo/default/$(random)"
+  printf 'FLEET_API_KEYS=%s\n' "$key" | $kubectl -n fleet-system create secret generic \
+    fleet-core --from-env-file=/dev/stdin >/dev/null
+  echo "k3s-bootstrap: the gateway's API key (shown once): $key"
+fi
+
 echo "k3s-bootstrap: applying deploy/overlays/k3s"
 $kubectl apply -k "$here/overlays/k3s"
 $kubectl wait --for=condition=Established crd/fleetmodels.serving.fleet.dev --timeout=60s
-for deployment in fleet-apiserver fleet-gateway fleet-serving; do
+$kubectl -n fleet-system rollout status deployment/fleet-apiserver --timeout=300s
+
+# Credentials are issued by the control plane itself, through a port-forward (which a
+# NetworkPolicy does not stop), with the admin token.
+$kubectl -n fleet-system port-forward svc/fleet-apiserver 18081:8081 >/dev/null 2>&1 &
+forward=$!
+trap 'kill "$forward" 2>/dev/null || true' EXIT
+admin="$($kubectl -n fleet-system get secret fleet-admin-token -o jsonpath='{.data.token}' \
+  | base64 -d)"
+for _ in $(seq 50); do curl -sf http://127.0.0.1:18081/healthz >/dev/null && break; sleep 0.2; done
+issue() {  # role, namespace, secret[, clusterId]: the new credential's secret into the Secret
+  local body="{\"role\": \"$1\", \"label\": \"k3s-bootstrap\"${4:+, \"clusterId\": \"$4\"}}"
+  if missing "$2" "$3"; then
+    curl -sf http://127.0.0.1:18081/api/v1/credentials -H "Content-Type: application/json" \
+      -H @<(printf 'Authorization: Bearer %s\n' "$admin") -d "$body" \
+      | python3 -c 'import json, sys; print(json.load(sys.stdin)["secret"])' | store "$2" "$3"
+  fi
+}
+issue operator fleet-system fleet-operator-token k3s
+issue gateway fleet-system fleet-gateway-token
+issue metrics fleet-system fleet-metrics-token
+issue engine default fleet-engine-token
+for deployment in fleet-gateway fleet-serving; do
+  $kubectl -n fleet-system rollout restart "deployment/$deployment" >/dev/null
   $kubectl -n fleet-system rollout status "deployment/$deployment" --timeout=300s
 done
 
-echo "k3s-bootstrap: done. Try: kubectl get fm -A; curl http://localhost/v1/models"
+echo "k3s-bootstrap: done. Try: kubectl get fm -A; curl http://localhost/v1/models -H \"Authorization: Bearer \$KEY\""
+echo "k3s-bootstrap: without FLEET_DATABASE_URL the control plane keeps credentials in memory;"
+echo "  after it restarts, delete fleet-operator-token, fleet-gateway-token, fleet-metrics-token"
+echo "  and default/fleet-engine-token and run this again (or give it a database)."

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fleet_serving import crd
+from fleet_serving import crd, rendering
 from fleet_serving.applying import drifted
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -107,3 +107,63 @@ def test_drift_is_a_subset_comparison() -> None:
     assert drifted(desired, {"spec": {"replicas": 2, "template": {"containers": []}}})
     assert drifted(desired, {})
     assert not drifted({"spec": {"tolerations": [], "nodeSelector": {}}}, {"spec": {}})
+
+
+def deployment_of(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(
+        o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == name
+    )
+    return found
+
+
+@pytest.mark.parametrize("where", ["base", "overlays/k3s"])
+def test_deploy_is_closed_by_default(where: str) -> None:
+    """No Secret ships with a value; the gateway requires auth (an env entry, which wins over
+    the fleet-core Secret's envFrom); each component reads its credential from a Secret of its
+    own that must exist (not optional), so a missing one stops the pod instead of opening it."""
+    objects = kustomize(DEPLOY / where)
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    gateway = deployment_of(objects, "fleet-gateway")["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in gateway["containers"][0]["env"]}
+    assert env["FLEET_AUTH_REQUIRED"]["value"] == "true"
+    assert env["FLEET_CONTROL_PLANE_TOKEN_FILE"]["value"].startswith("/var/run/secrets/fleet/")
+    wanted = {
+        "fleet-apiserver": "fleet-admin-token",
+        "fleet-gateway": "fleet-gateway-token",
+        "fleet-serving": "fleet-operator-token",
+    }
+    for name, secret in wanted.items():
+        pod = deployment_of(objects, name)["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if "secret" in v]
+        assert volume["secret"]["secretName"] == secret
+        assert not volume["secret"].get("optional", False)
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+    operator = deployment_of(objects, "fleet-serving")["spec"]["template"]["spec"]
+    args = operator["containers"][0]["args"]
+    assert "--report-token-file=/var/run/secrets/fleet/operator/token" in args
+
+
+def test_network_policies_admit_only_the_gateway_and_the_operator() -> None:
+    """Their selectors are the labels the Deployments and the operator's renderer set."""
+    objects = kustomize(DEPLOY / "base")
+    policies = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "NetworkPolicy"}
+    control = policies["fleet-apiserver"]
+    apiserver = deployment_of(objects, "fleet-apiserver")["spec"]["template"]["metadata"]
+    assert control["podSelector"]["matchLabels"].items() <= apiserver["labels"].items()
+    (rule,) = control["ingress"]
+    sources = [peer["podSelector"]["matchLabels"] for peer in rule["from"]]
+    for name in ("fleet-gateway", "fleet-serving"):
+        labels = deployment_of(objects, name)["spec"]["template"]["metadata"]["labels"]
+        assert any(s.items() <= labels.items() for s in sources), name
+    engine_labels = rendering.common_labels("m")
+    assert any(s.items() <= engine_labels.items() for s in sources)  # registry weight downloads
+    assert rule["ports"] == [{"port": 8081, "protocol": "TCP"}]
+    engines = policies["fleet-engines"]
+    assert engines["podSelector"]["matchLabels"].items() <= engine_labels.items()
+    (only,) = engines["ingress"]
+    (peer,) = only["from"]
+    gateway = deployment_of(objects, "fleet-gateway")["spec"]["template"]["metadata"]["labels"]
+    assert peer["podSelector"]["matchLabels"].items() <= gateway.items()
+    assert peer["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "fleet-system"
+    }
