@@ -144,9 +144,12 @@ async def _latency(workdir: Path) -> dict[str, float]:
             async with api.post("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
                                 json=_slice("m0", 1)):  # fmt: skip
                 pass
+            token = Path(kubeconfig).with_name("operator-token")
+            token.write_text("bench-stand-in-sink-accepts-any-token\n")
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "fleet_serving", "run",
                 f"--report-to=http://127.0.0.1:{sink_port}", "--report-interval=60s",
+                f"--report-token-file={token}",
                 f"--liveness=http://127.0.0.1:{live_port}/healthz", "--log-format=plain",
                 env={**os.environ, "KUBECONFIG": str(kubeconfig)},
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,

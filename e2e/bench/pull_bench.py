@@ -38,6 +38,8 @@ from fleet_testing.fix_s3 import S3Server, running_seaweedfs
 __all__ = ["report", "run"]
 
 SIZE = int(os.environ.get("FLEET_BENCH_PULL_BYTES", str(1 << 30)))
+ADMIN_TOKEN = "bench-" + secrets.token_urlsafe(32)
+"""The scratch control plane's admin token (FLEET_ADMIN_TOKEN)."""
 SETTINGS = S3Settings(endpoint="", use_ssl=False)  # the registry's part size and parallelism
 BIN = Path(sys.executable).parent
 
@@ -155,6 +157,7 @@ def _environment(s3: S3Server, bucket: str, database: str, hub: str) -> dict[str
         "FLEET_S3_USE_SSL": "false",
         "FLEET_HUB_URL": hub,
         "FLEET_LOG_LEVEL": "warning",
+        "FLEET_ADMIN_TOKEN": ADMIN_TOKEN,
     }
 
 
@@ -176,7 +179,8 @@ def run(size: int = SIZE) -> dict[str, float]:
         stack.enter_context(_process(hub_argv, env, f"{hub}/api/models/fleet/tiny-gguf"))
         api_argv = [str(BIN / "fleet-apiserver"), "--listen", f"127.0.0.1:{api_port}"]
         pid = stack.enter_context(_process(api_argv, env, f"{api_url}/healthz"))
-        api = stack.enter_context(httpx.Client(base_url=api_url, timeout=120))
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"}
+        api = stack.enter_context(httpx.Client(base_url=api_url, headers=headers, timeout=120))
         httpx.get(f"{hub}/api/models/fleet/generated", timeout=300)  # the hub hashes it once
         _pull(api, "warm-up")  # imports, pools and connections: not part of any round
         api.delete("/api/v1/models/warm-up")

@@ -136,6 +136,11 @@ def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
         assert reply.choices[0].message.content
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{gateway}/v1", api_key="fk_wrong", max_retries=0).models.list()
+    # /metrics: the admin token reads it (database mode checks the control plane's credentials);
+    # the tenant's key is refused.
+    assert b"fleet_requests_total" in _read(f"{gateway}/metrics", token)
+    with pytest.raises(urllib.error.HTTPError, match="403"):
+        _read(f"{gateway}/metrics", key)
 
     # The registry pulls from the synthetic hub the control plane serves in dev.
     registered = _post(
@@ -165,6 +170,13 @@ def _post(url: str, body: dict[str, Any], token: str) -> dict[str, Any]:
     with urllib.request.urlopen(request, timeout=10) as response:
         found: dict[str, Any] = json.load(response)
         return found
+
+
+def _read(url: str, token: str) -> bytes:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body: bytes = response.read()
+        return body
 
 
 def _get(url: str, token: str | None) -> dict[str, Any]:
