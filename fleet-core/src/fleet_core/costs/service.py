@@ -132,6 +132,7 @@ class CostService:
             report, allocated = closing.compose(
                 period, found, closing=asked, corrections=booked, computed_at=now
             )
+            _check_pool(report)  # raising here rolls the transaction back: nothing is stored
             if not await self.store.is_closed(conn, period):
                 await self.store.save(conn, report, allocated)
             else:
@@ -173,3 +174,17 @@ def _summary(
         recomputes=recomputes,
         frozen_by=frozen_by,
     )
+
+
+MAX_POOL = 2**53 - 1
+"""The largest pool a report may carry: what a JavaScript client reads exactly."""
+
+
+def _check_pool(report: CostReport) -> None:
+    """400 for a month whose pool (the largest figure of a report) clients could not read."""
+    if report.pool > MAX_POOL:
+        raise InvalidRequest(
+            f"the pool of {report.period} would be {report.pool} micro-units, past {MAX_POOL}, "
+            "the most a client reads exactly: check the cost rates (GET /api/v1/cost-rates)",
+            code="pool_out_of_range",
+        )
