@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 
+import msgspec
 from psycopg_pool import AsyncConnectionPool
 
 from fleet_core.auth.store import (
@@ -94,9 +95,7 @@ class AuthService:
                 created_by=by.id,
             )
         )
-        return IssuedCredential(
-            **{f: getattr(stored, f) for f in stored.__struct_fields__}, secret=secret
-        )
+        return IssuedCredential(**msgspec.structs.asdict(stored), secret=secret)
 
     async def credentials(self) -> list[Credential]:
         return await self.store.credentials()
