@@ -115,8 +115,9 @@ def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
     token_file = workdir / ".dev" / "admin-token"
     assert token_file.stat().st_mode & 0o077 == 0, "the admin token is readable by others"
     token = token_file.read_text().strip()
-    with pytest.raises(urllib.error.HTTPError, match="401"):
+    with pytest.raises(urllib.error.HTTPError, match="401") as anonymous:
         _get(f"{api}/api/v1/tenants", token=None)  # the control plane is closed without it
+    anonymous.value.close()  # it holds the response's socket
     seeded = subprocess.run(
         [sys.executable, "-m", "fleet_core.seed"],
         cwd=workdir,  # as `make seed` runs, in the checkout `make dev` runs in
@@ -139,8 +140,9 @@ def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
     # /metrics: the admin token reads it (database mode checks the control plane's credentials);
     # the tenant's key is refused.
     assert b"fleet_requests_total" in _read(f"{gateway}/metrics", token)
-    with pytest.raises(urllib.error.HTTPError, match="403"):
+    with pytest.raises(urllib.error.HTTPError, match="403") as refused:
         _read(f"{gateway}/metrics", key)
+    refused.value.close()
 
     # The registry pulls from the synthetic hub the control plane serves in dev.
     registered = _post(
