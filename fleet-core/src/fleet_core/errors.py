@@ -12,6 +12,7 @@
      ├── UnsupportedMediaType 415   a write whose body is not application/json
      ├── RateLimited         429    carries Retry-After
      ├── UpstreamError       502    no engine could answer; or wraps an engine's non-JSON error
+     │                              (504 when an engine accepted the request and then timed out)
      └── Unavailable         503    a dependency (Redis, database) is down
     ConfigError                     a configuration that cannot work; the process refuses to start
 
@@ -168,8 +169,15 @@ class UpstreamError(FleetError):
     type = "upstream_error"
     default_code = "upstream_unavailable"
 
-    def __init__(self, message: str, *, status: int = 502, code: str | None = None) -> None:
-        super().__init__(message, code=code)
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 502,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, code=code, headers=headers)
         self.status = status
 
 

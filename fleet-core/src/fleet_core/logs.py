@@ -1,9 +1,12 @@
 """Structured logging with a request id on every line, and the ASGI middleware that sets it.
 
-``FLEET_LOG_FORMAT=json`` prints one JSON object per line; the default is readable text. The id
-comes from the client's ``X-Request-Id`` when it is sane (printable, at most 128 characters) and is
-otherwise made up; either way it is echoed on the response and forwarded to the engine. Secrets
-never reach a log line: nothing here logs headers or bodies.
+``FLEET_LOG_FORMAT=json`` prints one JSON object per line; the default is readable text. Every
+request gets an id minted here (``req_`` and 32 hex digits): the ledger's key, forwarded to the
+engine and returned as ``X-Fleet-Request-Id``. A client's own ``X-Request-Id`` is never that key
+(two tenants could send the same one): when it is sane (printable, at most 128 characters) it is
+kept beside it as ``client_request_id`` — on log lines, on the usage record — and echoed back as
+``X-Request-Id``; without one, ``X-Request-Id`` carries the minted id. Secrets never reach a log
+line: nothing here logs headers or bodies.
 """
 
 from __future__ import annotations
@@ -18,10 +21,18 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["RequestContextMiddleware", "current_request_id", "setup_logging"]
+__all__ = ["RequestContextMiddleware", "current_request_id", "mint_request_id", "setup_logging"]
 
 access_log = logging.getLogger("fleet.access")
 request_id_var: ContextVar[str | None] = ContextVar("fleet_request_id", default=None)
+client_request_id_var: ContextVar[str | None] = ContextVar("fleet_client_request_id", default=None)
+
+
+def mint_request_id() -> str:
+    """A new request id: the gateway's own, unique per request, never taken from a client."""
+    return f"req_{uuid.uuid4().hex}"
+
+
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
 
@@ -40,6 +51,8 @@ class _JsonFormatter(logging.Formatter):
         }
         if request_id := request_id_var.get():
             line["request_id"] = request_id
+        if client_request_id := client_request_id_var.get():
+            line["client_request_id"] = client_request_id
         line.update({k: v for k, v in record.__dict__.items() if k not in _RESERVED})
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
@@ -50,7 +63,11 @@ class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         base = super().format(record)
         request_id = request_id_var.get()
-        return f"{base} [request_id={request_id}]" if request_id else base
+        if not request_id:
+            return base
+        client = client_request_id_var.get()
+        shown = f"{request_id} client_request_id={client}" if client else request_id
+        return f"{base} [request_id={shown}]"
 
 
 def setup_logging(*, fmt: str = "text", level: str = "INFO") -> None:
@@ -86,17 +103,23 @@ class RequestContextMiddleware:
             return
         given = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
         text = given.decode("latin-1")
-        request_id = text if _sane(text) else uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        client_request_id = text if _sane(text) else None
+        request_id = mint_request_id()
+        state = scope.setdefault("state", {})
+        state["request_id"], state["client_request_id"] = request_id, client_request_id
         token = request_id_var.set(request_id)
-        header = (b"x-request-id", request_id.encode("latin-1"))
+        client_token = client_request_id_var.set(client_request_id)
+        headers = [
+            (b"x-request-id", (client_request_id or request_id).encode("latin-1")),
+            (b"x-fleet-request-id", request_id.encode("latin-1")),
+        ]
         start, status = time.perf_counter(), 0
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), header]
+                message["headers"] = [*message.get("headers", []), *headers]
             await send(message)
 
         try:
@@ -104,6 +127,7 @@ class RequestContextMiddleware:
         finally:
             if self.access_log:
                 _log_access(scope, status, time.perf_counter() - start)
+            client_request_id_var.reset(client_token)
             request_id_var.reset(token)
 
 

@@ -126,7 +126,7 @@ def middleware(*, access_log: bool, cors_origins: tuple[str, ...] = ()) -> list[
             allow_origin_regex=LOOPBACK_ORIGINS,
             allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
             allow_headers=["*"],
-            expose_headers=["X-Request-Id", "Retry-After", "ETag"],
+            expose_headers=["X-Request-Id", "X-Fleet-Request-Id", "Retry-After", "ETag"],
             max_age=600,
         ),
     ]

@@ -113,7 +113,7 @@ async def test_no_model_goes_to_the_default(
     assert response.json()["model"] == "served"
 
 
-async def test_request_id_is_accepted_echoed_and_forwarded(gw: Any) -> None:
+async def test_the_client_request_id_is_echoed_and_kept_but_never_the_key(gw: Any) -> None:
     async with httpx.AsyncClient() as http:
         response = await http.post(
             gw.url + CHAT,
@@ -121,8 +121,11 @@ async def test_request_id_is_accepted_echoed_and_forwarded(gw: Any) -> None:
             json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
         )
         assert response.headers["x-request-id"] == "trace-42"
+        minted = response.headers["x-fleet-request-id"]
+        assert minted.startswith("req_") and len(minted) == 36
         records = (await http.get(gw.url + "/api/v1/requests")).json()["data"]
-        assert records[0]["requestId"] == "trace-42"
+        assert records[0]["requestId"] == minted
+        assert records[0]["clientRequestId"] == "trace-42"
         generated = await http.get(gw.url + "/healthz", headers={"X-Request-Id": "bad\x01id"})
-        assert generated.headers["x-request-id"] != "bad\x01id"
-        assert len(generated.headers["x-request-id"]) == 32
+        assert generated.headers["x-request-id"] == generated.headers["x-fleet-request-id"]
+        assert len(generated.headers["x-request-id"]) == 36

@@ -182,7 +182,7 @@ def test_demo_serves_and_sigterm_drains_an_open_stream() -> None:
     lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     access = [line for line in lines if line["logger"] == "fleet.access"]
     assert access
-    assert all(len(line["request_id"]) == 32 for line in access)
+    assert all(len(line["request_id"]) == 36 for line in access)
     assert any("stopped" in line["msg"] for line in lines)
 
 

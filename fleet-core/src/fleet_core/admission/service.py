@@ -5,7 +5,11 @@ counted + ``max_tokens``, or the policy's default when absent) from every bucket
 one store call, all or nothing. When the request is over, it is settled to what it really used in
 one more call: the unused part refunded, an overrun charged. Settlement runs in the background so
 it never delays a response; settlements close together share one store call per tenant, and
-shutdown sends the ones still waiting.
+shutdown (`Admission.drain`) waits for every one still waiting or on its way.
+
+A reservation's store call runs on even when the request awaiting it is cancelled (the client
+left, or shutdown): if the store admitted it, the charge is real, so it is settled to nothing
+used as soon as the answer arrives, like any other request's.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from fleet_core.admission.budgets import Amounts, BudgetBook, BudgetExceeded, BudgetHold
 from fleet_core.admission.directory import BudgetRule, Directory, Rates
@@ -76,6 +80,8 @@ class Admission:
         self._on_store_error = on_store_error
         self._pending: dict[Bucket, int] = {}
         self._flusher: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Future[Any]] = set()
+        """Store calls under way (flushes, reservations orphaned by a cancel): drain awaits them."""
         self._budget_wait = budget_wait
 
     @property
@@ -140,13 +146,35 @@ class Admission:
         if not charges:
             return charges
         try:
-            decision = await self._store.reserve(charges)
+            decision = await self._reserve_to_the_end(principal, charges)
         except StoreUnavailable as exc:
             self._store_failed(exc)
             return []
         if not decision.admitted:
             raise self._refusal(principal, decision)
         return charges
+
+    async def _reserve_to_the_end(self, principal: Principal, charges: list[Charge]) -> Decision:
+        """The store's decision; if our waiter is cancelled first, an admitted charge is settled."""
+        reserving = self._track(asyncio.ensure_future(self._store.reserve(charges)))
+        try:
+            return await asyncio.shield(reserving)
+        except asyncio.CancelledError:
+            reserving.add_done_callback(lambda done: self._settle_orphan(done, principal, charges))
+            raise
+
+    def _settle_orphan(
+        self, done: asyncio.Future[Decision], principal: Principal, charges: list[Charge]
+    ) -> None:
+        if done.cancelled() or done.exception() is not None or not done.result().admitted:
+            return
+        tokens = max((c.amount for c in charges if c.bucket.dimension == "tpm"), default=0)
+        self.settle(Reservation(principal, tokens, charges), Amounts(), request_id="")
+
+    def _track(self, task: asyncio.Future[Any]) -> asyncio.Future[Any]:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _budget_refusal(
         self, principal: Principal, over: list[tuple[BudgetRule, int]]
@@ -211,6 +239,7 @@ class Admission:
                 self._pending[charge.bucket] = self._pending.get(charge.bucket, 0) + delta
         if self._pending and self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
+            self._track(self._flusher)
 
     async def _flush_soon(self) -> None:
         try:
@@ -235,10 +264,13 @@ class Admission:
             log.warning("could not settle reservations: %s", exc)
 
     async def drain(self) -> None:
-        """Send every settlement still waiting (at shutdown)."""
-        if self._flusher is not None:
-            await asyncio.gather(self._flusher, return_exceptions=True)
-        await self._flush()
+        """Send every settlement still waiting, and wait for those on their way (at shutdown,
+        before the store's client closes). A store call under way may settle more: loop."""
+        while self._tasks or self._pending:
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            else:
+                await self._flush()
 
 
 def _window(seconds: int) -> str:

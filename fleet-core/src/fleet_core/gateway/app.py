@@ -171,6 +171,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
         sink=resources.sink,
         admission=admission,
         metrics=metrics,
+        usage_grace_s=config.usage_grace_s,
     )
     checker = HealthChecker(
         resources.session,
@@ -209,6 +210,9 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # Every exchange settles in its finally; the settlements then go out before the
+            # store's client closes (open_resources closes it after this lifespan ends).
+            await service.drain(timeout_s=config.usage_grace_s + 5)
             await admission.drain()
 
     middleware = web.middleware(

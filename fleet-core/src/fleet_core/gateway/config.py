@@ -57,6 +57,7 @@ class GatewayConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     queue_timeout_s: Annotated[float, Meta(ge=0)] = 5.0
     connect_timeout_s: PositiveFloat = 5.0
     read_timeout_s: PositiveFloat = 600.0
+    usage_grace_s: Annotated[float, Meta(ge=0, le=60)] = 2.0
 
 
 def load_config(path: Path) -> GatewayConfig:

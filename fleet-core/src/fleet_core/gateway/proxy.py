@@ -1,14 +1,21 @@
 """Opening a response from an engine, with failover across endpoints and fallback pools (P3).
 
-Failover happens only before the first response byte: connection refused or reset, a connect
-timeout, or a 5xx status move on to the next endpoint of the pool, then to each fallback pool, every
-endpoint at most once. A 4xx is the client's answer and is returned as it is. Once a 2xx body has
-started nothing is retried, because the client already holds bytes of it.
+Failover happens only before the first response byte, and only where the engine cannot have
+generated anything for the request: connection refused, a connect timeout, a connection reset or
+closed before any status line, or a 429/5xx status move on to the next endpoint of the pool, then to
+each fallback pool, every endpoint at most once. A refused or reset connection counts toward the
+endpoint's passive ejection; a status answer does not (the engine is alive and said no).
+
+An engine that accepted the request and then went silent past ``read_timeout_s`` is not a
+connection failure: it may be generating still, so retrying would generate twice and ejecting it
+would take a working (slow) endpoint out. That is a 504 (`EngineTimeout`), never retried. An answer
+that is not HTTP (a garbage status line, ``Content-Length: abc``) is a 502, also never retried. Any
+other 4xx is the client's answer and is returned as it is. Once a 2xx body has started nothing is
+retried, because the client already holds bytes of it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,17 +27,38 @@ from fleet_core.errors import UpstreamError
 from fleet_core.gateway.routing.endpoints import EndpointRegistry, Lease
 from fleet_core.gateway.routing.table import Pool
 
-__all__ = ["Opened", "Proxy"]
+__all__ = ["Opened", "Proxy", "engine_timeout", "malformed"]
 
 log = logging.getLogger("fleet.gateway.proxy")
 
+# Errors that prove the engine never took the request: safe to retry elsewhere, and evidence the
+# endpoint is down. ConnectionTimeoutError is the connect timeout only (sock_connect); the read
+# timeout (SocketTimeoutError) is handled apart, below.
 _CONNECT_ERRORS = (
     aiohttp.ClientConnectorError,
+    aiohttp.ConnectionTimeoutError,
     aiohttp.ServerDisconnectedError,
     aiohttp.ClientOSError,
-    aiohttp.ServerTimeoutError,
-    asyncio.TimeoutError,
 )
+_RETRY_STATUSES = frozenset({429})  # and every 5xx
+
+
+def engine_timeout(url: str) -> UpstreamError:
+    """The engine accepted the request, then sent nothing for ``read_timeout_s``: 504."""
+    return UpstreamError(
+        f"the engine at {url} accepted the request and then did not answer within the read "
+        "timeout (FLEET read_timeout_s); it was not retried elsewhere",
+        status=504,
+        code="engine_timeout",
+    )
+
+
+def malformed(url: str, exc: BaseException) -> UpstreamError:
+    """The engine's answer was not valid HTTP: 502."""
+    detail = getattr(exc, "message", None) or type(exc).__name__
+    return UpstreamError(
+        f"the engine at {url} sent a malformed answer ({detail})", code="engine_malformed_answer"
+    )
 
 
 @dataclass
@@ -56,6 +84,7 @@ class _Failure:
     reason: str
     status: int | None = None
     body: bytes = b""
+    retry_after: str | None = None
 
 
 class Proxy:
@@ -73,17 +102,25 @@ class Proxy:
         body_for: Callable[[Pool], bytes],
         *,
         request_id: str,
+        on_attempt: Callable[[str | None], None] | None = None,
     ) -> Opened:
-        """The first usable response along ``chain``; UpstreamError when every endpoint failed."""
+        """The first usable response along ``chain``; UpstreamError when every endpoint failed.
+
+        ``on_attempt`` hears each endpoint's URL just before the request is sent to it, and
+        None once that endpoint turned the request down (it generated nothing).
+        """
+        attempt = on_attempt or _ignore
         failures: list[_Failure] = []
         for pool in chain:
             tried: set[str] = set()
             body = body_for(pool)
             while lease := await self._registry.acquire(pool, tried, wait_s=self._queue_timeout):
                 tried.add(lease.target.url)
+                attempt(lease.target.url)
                 opened = await self._try(pool, lease, path, body, request_id, failures)
                 if opened is not None:
                     return opened
+                attempt(None)
         raise _exhausted(chain[0], failures)
 
     async def _try(
@@ -108,35 +145,47 @@ class Proxy:
             failures.append(_Failure(target.url, reason))
             log.warning("endpoint %s failed before responding: %s", target.url, reason)
             return None
+        except (TimeoutError, aiohttp.ClientError) as exc:  # accepted, then timed out or garbled
+            lease.release()
+            self._registry.record_success(lease.state)  # it answered the connection: not down
+            if isinstance(exc, TimeoutError):
+                raise engine_timeout(target.url) from exc
+            raise malformed(target.url, exc) from exc
         except BaseException:  # cancelled (the client left): the slot must not leak
             lease.release()
             raise
         self._registry.record_success(lease.state)
-        if response.status >= 500:
-            failures.append(
-                _Failure(
-                    target.url,
-                    f"HTTP {response.status}",
-                    response.status,
-                    await _read_quietly(response),
-                )
-            )
-            response.release()
+        if response.status >= 500 or response.status in _RETRY_STATUSES:
+            failures.append(await _refused(target.url, response))
             lease.release()
             log.warning("endpoint %s answered %s; trying the next", target.url, response.status)
             return None
         return Opened(pool, lease, response)
 
 
+def _ignore(url: str | None) -> None:
+    pass
+
+
+async def _refused(url: str, response: aiohttp.ClientResponse) -> _Failure:
+    """A 429/5xx answer, read and released: it is retried elsewhere, or reported."""
+    try:
+        body = await _read_quietly(response)
+    finally:
+        response.release()
+    retry_after = response.headers.get("Retry-After")
+    return _Failure(url, f"HTTP {response.status}", response.status, body, retry_after)
+
+
 async def _read_quietly(response: aiohttp.ClientResponse) -> bytes:
     try:
         return await response.read()
-    except aiohttp.ClientError:
+    except (aiohttp.ClientError, TimeoutError):
         return b""
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return "connect timeout"
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"connection failed ({exc.os_error.strerror or exc.os_error})"
@@ -164,7 +213,16 @@ def _exhausted(pool: Pool, failures: list[_Failure]) -> UpstreamError:
             detail = err if isinstance(err, str) else (err.message if err else detail)
         except msgspec.DecodeError:
             pass
+    retry_after = next((f.retry_after for f in reversed(failures) if f.retry_after), None)
     return UpstreamError(
         f"every endpoint of model {pool.name!r} failed ({len(failures)} tried); last: {detail}",
         status=last.status or 502,
+        code="engine_overloaded" if last.status in (429, 503) else None,
+        headers={"Retry-After": _seconds(retry_after)} if retry_after else None,
     )
+
+
+def _seconds(retry_after: str) -> str:
+    """An engine's Retry-After passed on when it is whole seconds (bounded), else 1."""
+    text = retry_after.strip()
+    return str(min(int(text), 3600)) if text.isdigit() else "1"

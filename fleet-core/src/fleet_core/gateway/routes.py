@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
 
 from fleet_core import web
 from fleet_core.admission.keys import Principal
 from fleet_core.admission.service import Admission
 from fleet_core.errors import InvalidRequest, PayloadTooLarge
-from fleet_core.gateway.responses import ClientGone, StreamResponse, until_disconnect
+from fleet_core.gateway.responses import SSE_HEADERS, ClientGone, until_disconnect, watch_start
 from fleet_core.gateway.router import Router
-from fleet_core.gateway.service import GatewayService
+from fleet_core.gateway.service import ClientLeft, Exchange, GatewayService
 from fleet_core.gateway.viewers import Viewers
 from fleet_core.gateway.wire import Kind, parse_request
 from fleet_core.metering.metrics import GatewayMetrics
@@ -80,29 +82,18 @@ class _Endpoints:
         async def endpoint(request: Request) -> Any:
             received = time.time()
             principal = self.admission.authenticate(request.headers.get("authorization"))
-            parsed = parse_request(kind, await read_body(request, self.max_body))
+            try:
+                raw = await read_body(request, self.max_body)
+            except ClientDisconnect:  # left mid-upload: nothing admitted, nobody to answer
+                return Response(status_code=499)
             exchange = self.service.begin(
-                parsed,
+                parse_request(kind, raw),
                 principal=principal,
                 request_id=request.state.request_id,
+                client_request_id=request.state.client_request_id,
                 received_at=received,
             )
-            await self.service.admit(exchange)
-
-            async def answer() -> Any:
-                opened = await self.service.open(exchange)
-                if parsed.stream and opened.response.status < 400:
-                    return StreamResponse(
-                        self.service.stream(exchange),
-                        on_end=lambda: self.service.abandon(exchange),
-                    )
-                reply = await self.service.buffered(exchange)
-                return Response(reply.body, reply.status, media_type=reply.content_type)
-
-            try:
-                return await until_disconnect(answer(), request.receive)
-            except ClientGone:
-                return Response(status_code=499)  # nobody is listening; for the access log only
+            return _Answer(self.service, exchange)
 
         return endpoint
 
@@ -152,6 +143,40 @@ class _Endpoints:
         await self.viewers.require(request.headers.get("authorization"))
         body, content_type = self.metrics.render(request.headers.get("accept"))
         return Response(body, headers={"Content-Type": content_type})
+
+
+class _Answer:
+    """The ASGI answer to a proxied request. The whole exchange, from admission to the last byte
+    sent, runs inside ``service.admitted``, which records and settles it once on every path.
+    An error raised before anything was sent reaches Starlette's handler: an envelope."""
+
+    def __init__(self, service: GatewayService, exchange: Exchange) -> None:
+        self.service, self.exchange = service, exchange
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        send, started = watch_start(send)
+        with contextlib.suppress(ClientLeft):
+            async with self.service.admitted(self.exchange):
+                try:
+                    await until_disconnect(self._answer(scope, receive, send), receive)
+                except ClientGone as exc:
+                    raise ClientLeft from exc
+        if not started[0]:  # the client left first: a status for the access log only
+            await Response(status_code=499)(scope, receive, send)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = self.exchange
+        opened = await self.service.open(exchange)
+        if exchange.request.stream and opened.response.status < 400:
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            async with contextlib.aclosing(self.service.stream(exchange)) as frames:
+                async for frame in frames:
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        reply = await self.service.buffered(exchange)
+        response = Response(reply.body, reply.status, media_type=reply.content_type)
+        await response(scope, receive, send)
 
 
 def gateway_routes(

@@ -1,16 +1,23 @@
-"""Serving one OpenAI request: parse, route, open upstream, relay, meter.
+"""Serving one OpenAI request: parse, route, admit, open upstream, relay, meter, settle.
 
-The HTTP edge (``routes``) hands the raw body here; this module owns the request's life from the
-routing decision to the usage record, on every path: success, the engine's 4xx, failover
-exhaustion, a broken stream, and a client that went away.
+The HTTP edge (``routes``) hands the parsed request here. Everything from admission to the last
+byte of the answer runs inside one context manager, `GatewayService.admitted`, whose ``finally``
+writes the request's one usage record and settles its one reservation. No path through the
+exchange records or settles on its own: a branch only notes what it learned (status, outcome,
+the engine's usage, the text relayed) on the `Exchange`, and the ``finally`` turns that into
+the record. Every way out — an answer, the engine's 4xx, a refused or exhausted failover, a
+timeout, a malformed answer, a broken stream, a client that left, a task cancelled at shutdown, a
+bug — passes that one ``finally`` exactly once, so "one record and one settlement per admitted
+request" is a property of the structure, not of each branch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
@@ -19,15 +26,15 @@ from fleet_core.admission.budgets import Amounts
 from fleet_core.admission.keys import ANONYMOUS, Principal
 from fleet_core.admission.service import Admission, Reservation
 from fleet_core.errors import FleetError, UpstreamError
-from fleet_core.gateway.proxy import Opened, Proxy
-from fleet_core.gateway.relay import StreamMeter, relay_frames
+from fleet_core.gateway.proxy import Opened, Proxy, engine_timeout
+from fleet_core.gateway.relay import Relay, StreamMeter
 from fleet_core.gateway.routing.table import Pool, RoutingTable
 from fleet_core.gateway.tokenizers import RegistryTokenizers, registry_id
 from fleet_core.gateway.wire import Kind, ParsedRequest, StreamChunk, prompt_text
 from fleet_core.metering.counting import Counter, load_counter
 from fleet_core.metering.records import EngineUsage, GatewayCount, Outcome, UsageRecord, UsageSink
 
-__all__ = ["PATHS", "Exchange", "GatewayService"]
+__all__ = ["PATHS", "ClientLeft", "Exchange", "GatewayService"]
 
 PATHS: dict[Kind, str] = {
     "chat": "/v1/chat/completions",
@@ -35,6 +42,10 @@ PATHS: dict[Kind, str] = {
     "embeddings": "/v1/embeddings",
 }
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
+
+
+class ClientLeft(Exception):
+    """The client went away before its answer was complete (recorded as 499)."""
 
 
 @dataclass
@@ -49,10 +60,30 @@ class Exchange:
     prompt_tokens: int
     received_at: float
     principal: Principal = ANONYMOUS
+    client_request_id: str | None = None
     reservation: Reservation | None = None
+    attempt: str | None = None
+    """The endpoint the request was last sent to (before its answer is known)."""
     opened: Opened | None = None
+    relay: Relay | None = None
     first_byte_at: float | None = None
-    recorded: bool = False
+    status: int | None = None
+    outcome: Outcome | None = None
+    engine: EngineUsage | None = None
+    generated: list[str] = field(default_factory=list)
+
+    def note(self, status: int, outcome: Outcome) -> None:
+        """How the exchange ended, as the code that saw it end knows it (first word wins)."""
+        if self.outcome is None:
+            self.status, self.outcome = status, outcome
+
+    def failed(self, exc: BaseException) -> None:
+        if isinstance(exc, FleetError):
+            self.note(exc.status, "refused" if self.reservation is None else "upstream_error")
+        elif isinstance(exc, ClientLeft | asyncio.CancelledError):
+            self.note(499, "client_disconnected")
+        else:  # a bug: still recorded and settled, then the app renders its 500
+            self.note(500, "upstream_error")
 
 
 @dataclass(frozen=True)
@@ -82,6 +113,7 @@ class GatewayService:
         admission: Admission,
         metrics: RequestMetrics,
         tokenizers: RegistryTokenizers | None = None,
+        usage_grace_s: float = 2.0,
     ) -> None:
         self._table = table
         self._proxy = proxy
@@ -90,6 +122,10 @@ class GatewayService:
         self._metrics = metrics
         self._counters: dict[str | None, Counter] = {}
         self._tokenizers = tokenizers
+        self._usage_grace_s = usage_grace_s
+        self._live = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def counter(self, pool: Pool) -> Counter:
         model_id = registry_id(pool.tokenizer)
@@ -109,176 +145,181 @@ class GatewayService:
         *,
         principal: Principal,
         request_id: str,
+        client_request_id: str | None,
         received_at: float,
     ) -> Exchange:
-        """Route the request and count its prompt; raises for an unknown model."""
+        """Route the request and count its prompt; raises for an unknown model.
+
+        ``request_id`` is the gateway's own (`logs.mint_request_id`): the ledger's key.
+        ``client_request_id`` is the client's ``X-Request-Id``, kept beside it, never a key.
+        """
         table = self._table()
         pool = table.resolve(request.model)
         counter = self.counter(pool)
         text, given_ids = prompt_text(request)
         prompt_tokens = counter.count(text) + given_ids
-        chain = table.fallback_chain(pool)
         return Exchange(
-            request_id, request, pool, chain, counter, prompt_tokens, received_at, principal
+            request_id,
+            request,
+            pool,
+            table.fallback_chain(pool),
+            counter,
+            prompt_tokens,
+            received_at,
+            principal,
+            client_request_id,
         )
 
-    async def admit(self, exchange: Exchange) -> None:
-        """Reserve the request's worst case (P5); from here on it is in flight.
+    @contextlib.asynccontextmanager
+    async def admitted(self, exchange: Exchange) -> AsyncIterator[Exchange]:
+        """Admit the request, and whatever happens inside, record and settle it once."""
+        self._live += 1
+        self._idle.clear()
+        try:
+            await self._admit(exchange)
+            yield exchange
+        except BaseException as exc:
+            exchange.failed(exc)
+            raise
+        finally:
+            try:
+                await self._close(exchange)
+            finally:
+                self._finish(exchange)
+                self._live -= 1
+                if self._live == 0:
+                    self._idle.set()
 
-        A refusal is recorded (outcome ``refused``, nothing billed) before it is raised.
-        """
+    async def drain(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until every exchange has recorded and settled."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+
+    async def _admit(self, exchange: Exchange) -> None:
+        """Reserve the request's worst case (P5): every sequence it may generate, in full."""
         request = exchange.request
         completion = 0
         if request.kind != "embeddings":
-            completion = request.max_tokens or self._admission.default_max_tokens
+            most = request.max_tokens or self._admission.default_max_tokens
+            completion = most * request.sequences
         prompt = exchange.prompt_tokens
         rates = self._admission.rates(exchange.pool.name)
         units = rates.micro_units(fresh=prompt, cached=0, output=completion) if rates else 0
         demand = Amounts(tokens_input=prompt, tokens_output=completion, units=units)
-        try:
-            exchange.reservation = await self._admission.admit(exchange.principal, demand)
-        except FleetError as exc:
-            self.finish(exchange, status=exc.status, outcome="refused")
-            raise
+        exchange.reservation = await self._admission.admit(exchange.principal, demand)
         self._metrics.request_started(request.model or exchange.pool.name)
 
     async def open(self, exchange: Exchange) -> Opened:
         request = exchange.request
+        default_max = self._admission.default_max_tokens
 
         def body_for(pool: Pool) -> bytes:
-            return _forward_body(request, pool)
+            return _forward_body(request, pool, default_max_tokens=default_max)
 
-        try:
-            exchange.opened = await self._proxy.open(
-                exchange.chain,
-                PATHS[request.kind],
-                body_for,
-                request_id=exchange.request_id,
-            )
-        except UpstreamError as exc:
-            self.finish(exchange, status=exc.status, outcome="upstream_error")
-            raise
-        except asyncio.CancelledError:
-            self.finish(exchange, status=499, outcome="client_disconnected")
-            raise
+        def attempt(url: str | None) -> None:
+            exchange.attempt = url
+
+        exchange.opened = await self._proxy.open(
+            exchange.chain,
+            PATHS[request.kind],
+            body_for,
+            request_id=exchange.request_id,
+            on_attempt=attempt,
+        )
         return exchange.opened
 
     async def buffered(self, exchange: Exchange) -> Reply:
         """Read a whole non-stream (or error) response and meter it."""
         assert exchange.opened is not None
         response = exchange.opened.response
-        clean = False
         try:
             body = await response.read()
-            clean = True
-        finally:
-            exchange.opened.close(clean=clean)
-            if not clean:
-                self.finish(exchange, status=response.status, outcome="client_disconnected")
+        except TimeoutError as exc:
+            raise _timeout(exchange) from exc
+        except Exception as exc:  # aiohttp's payload errors: cut short, bad framing
+            raise UpstreamError(
+                f"the engine's answer broke off: {type(exc).__name__}",
+                code="engine_malformed_answer",
+            ) from exc
         exchange.first_byte_at = time.time()
         ctype = response.headers.get("Content-Type", "application/json")
         if response.status >= 400:
-            self.finish(exchange, status=response.status, outcome="client_error")
+            exchange.note(response.status, "client_error")
             return _engine_error(response.status, body, ctype)
-        engine, completion = _read_usage(body)
-        self.finish(
-            exchange,
-            status=response.status,
-            outcome="ok",
-            engine=engine,
-            completion_tokens=exchange.counter.count(completion),
-        )
+        exchange.engine, text = _read_usage(body)
+        exchange.generated.append(text)
+        exchange.note(response.status, "ok")
         return Reply(response.status, body, ctype)
 
-    async def stream(self, exchange: Exchange) -> AsyncIterator[bytes]:
-        """Relay a stream; the usage record is written however it ends."""
+    async def stream(self, exchange: Exchange) -> AsyncGenerator[bytes, None]:
+        """Relay a stream; what it carried is noted on the exchange as it goes."""
         assert exchange.opened is not None
-        meter = StreamMeter(strip_usage=not exchange.request.wants_usage)
-        outcome: Outcome = "client_disconnected"
-        try:
-            async for frame in relay_frames(exchange.opened.response, meter):
-                if exchange.first_byte_at is None:
-                    exchange.first_byte_at = time.time()
-                yield frame
-            outcome = "upstream_error" if meter.broken else "ok"
-        finally:
-            exchange.opened.close(clean=meter.finished)
-            engine = _engine_usage(meter.usage) if meter.usage else None
-            self.finish(
-                exchange,
-                status=exchange.opened.response.status,
-                outcome=outcome,
-                engine=engine,
-                completion_tokens=exchange.counter.count("".join(meter.text)),
-            )
+        request = exchange.request
+        meter = StreamMeter(strip_usage=not request.wants_usage, choices=request.choices)
+        exchange.relay = Relay(exchange.opened.response, meter)
+        async for frame in exchange.relay.frames():
+            if exchange.first_byte_at is None:
+                exchange.first_byte_at = time.time()
+            yield frame
+        exchange.note(exchange.opened.response.status, "upstream_error" if meter.broken else "ok")
 
-    def abandon(self, exchange: Exchange) -> None:
-        """The response ended before the relay could account for it: abort and record."""
-        if exchange.opened is not None and not exchange.recorded:
-            exchange.opened.close(clean=False)
-        self.finish(exchange, status=499, outcome="client_disconnected")
-
-    def finish(
-        self,
-        exchange: Exchange,
-        *,
-        status: int,
-        outcome: Outcome,
-        engine: EngineUsage | None = None,
-        completion_tokens: int = 0,
-    ) -> None:
-        """Write the request's one usage record, settle its reservation, count it."""
-        if exchange.recorded:
+    async def _close(self, exchange: Exchange) -> None:
+        """Give the engine connection back; first, if the client left after the last choice
+        ended, read the engine's usage frame for a moment (it is all generated already)."""
+        opened, relay = exchange.opened, exchange.relay
+        if opened is None:
             return
-        exchange.recorded = True
-        record = self._record(
-            exchange,
-            status=status,
-            outcome=outcome,
-            engine=engine,
-            completion_tokens=completion_tokens,
-        )
-        self._sink.record(record)
-        if exchange.reservation is not None:
-            self._metrics.request_finished(record.model)
-            self._metrics.observe(record)
-            nothing_sent = outcome == "upstream_error" and exchange.first_byte_at is None
-            used = Amounts()
-            if not nothing_sent:
-                used = Amounts(
-                    tokens_input=record.prompt_tokens,
-                    tokens_output=record.completion_tokens,
-                    tokens_cached=record.cached_tokens,
-                    units=record.units or 0,
-                )
-            self._admission.settle(exchange.reservation, used, request_id=record.request_id)
+        clean = relay.meter.finished if relay else exchange.outcome in ("ok", "client_error")
+        try:
+            if relay is not None and not relay.meter.finished:
+                await relay.usage_after_leaving(self._usage_grace_s)
+        finally:
+            opened.close(clean=clean)
 
-    def _record(
-        self,
-        exchange: Exchange,
-        *,
-        status: int,
-        outcome: Outcome,
-        engine: EngineUsage | None,
-        completion_tokens: int,
-    ) -> UsageRecord:
-        opened = exchange.opened
+    def _finish(self, exchange: Exchange) -> None:
+        """Write the request's one usage record, settle its reservation, count it."""
+        exchange.note(499, "client_disconnected")  # nothing noted: nobody saw it end
+        record = self._record(exchange)
+        self._sink.record(record)
+        if exchange.reservation is None:
+            return
+        self._metrics.request_finished(record.model)
+        self._metrics.observe(record)
+        used = Amounts(
+            tokens_input=record.prompt_tokens,
+            tokens_output=record.completion_tokens,
+            tokens_cached=record.cached_tokens,
+            units=record.units or 0,
+        )
+        self._admission.settle(exchange.reservation, used, request_id=record.request_id)
+
+    def _record(self, exchange: Exchange) -> UsageRecord:
+        opened, relay = exchange.opened, exchange.relay
+        engine, generated = exchange.engine, exchange.generated
+        if relay is not None:
+            engine = _engine_usage(relay.meter.usage) if relay.meter.usage else None
+            generated = relay.meter.text
         principal = exchange.principal
+        assert exchange.status is not None
+        assert exchange.outcome is not None
         record = UsageRecord(
             request_id=exchange.request_id,
+            client_request_id=exchange.client_request_id,
             kind=exchange.request.kind,
             model=exchange.request.model or exchange.pool.name,
             served_model=opened.pool.name if opened else exchange.pool.name,
-            endpoint=opened.lease.target.url if opened else None,
-            status=status,
-            outcome=outcome,
+            endpoint=opened.lease.target.url if opened else exchange.attempt,
+            status=exchange.status,
+            outcome=exchange.outcome,
             stream=exchange.request.stream,
             received_at=exchange.received_at,
             first_byte_at=exchange.first_byte_at,
             done_at=time.time(),
             engine=engine,
             gateway=GatewayCount(
-                exchange.prompt_tokens, completion_tokens, exchange.counter.method
+                exchange.prompt_tokens,
+                exchange.counter.count("".join(generated)),
+                exchange.counter.method,
             ),
             tenant=principal.tenant,
             project=principal.project,
@@ -293,11 +334,21 @@ class GatewayService:
         return msgspec.structs.replace(record, units=units)
 
 
-def _forward_body(request: ParsedRequest, pool: Pool) -> bytes:
+def _timeout(exchange: Exchange) -> UpstreamError:
+    assert exchange.opened is not None
+    return engine_timeout(exchange.opened.lease.target.url)
+
+
+def _forward_body(request: ParsedRequest, pool: Pool, *, default_max_tokens: int) -> bytes:
+    """The client's body for ``pool``: its model name, usage asked for on streams, and the
+    ``max_tokens`` the reservation assumed when the client gave none (else the engine could
+    generate to the model's context length, past what was reserved)."""
     body: dict[str, Any] = {**request.body, "model": pool.name}
     if request.stream and not request.wants_usage:
         options = body.get("stream_options") or {}
         body["stream_options"] = {**options, "include_usage": True}
+    if request.kind != "embeddings" and request.max_tokens is None:
+        body["max_tokens"] = default_max_tokens  # the name every engine accepts, chat included
     return msgspec.json.encode(body)
 
 

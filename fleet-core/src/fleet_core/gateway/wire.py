@@ -9,7 +9,7 @@ a 400 naming that parameter, decided here and not by the engine.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -28,6 +28,14 @@ __all__ = [
 ]
 
 Kind = Literal["chat", "completions", "embeddings"]
+
+MAX_TOKENS_LIMIT = 2**31 - 1
+"""The largest ``max_tokens`` accepted (engines hold it in a 32-bit int); larger is a 400."""
+MAX_CHOICES = 128
+"""The largest ``n`` (OpenAI's own bound) and ``best_of`` accepted."""
+
+MaxTokens = Annotated[int, msgspec.Meta(ge=1, le=MAX_TOKENS_LIMIT)]
+Choices = Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)]
 
 
 class _Part(msgspec.Struct):
@@ -53,8 +61,9 @@ class ChatRequest(msgspec.Struct):
     model: str | None = None
     stream: bool | None = None
     stream_options: _StreamOptions | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
+    n: Choices | None = None
 
 
 class CompletionRequest(msgspec.Struct):
@@ -62,7 +71,9 @@ class CompletionRequest(msgspec.Struct):
     model: str | None = None
     stream: bool | None = None
     stream_options: _StreamOptions | None = None
-    max_tokens: int | None = None
+    max_tokens: MaxTokens | None = None
+    n: Choices | None = None
+    best_of: Choices | None = None
 
 
 class EmbeddingRequest(msgspec.Struct):
@@ -106,6 +117,26 @@ class ParsedRequest(msgspec.Struct):
             return typed.max_completion_tokens or typed.max_tokens
         return getattr(typed, "max_tokens", None)
 
+    @property
+    def sequences(self) -> int:
+        """How many sequences the engine may generate, each up to ``max_tokens``: every prompt
+        of a list times the larger of ``n`` and ``best_of`` (the engine generates ``best_of``
+        and returns ``n``). The reservation's worst case multiplies by this."""
+        typed = self.typed
+        if isinstance(typed, ChatRequest):
+            return typed.n or 1
+        if isinstance(typed, CompletionRequest):
+            return _prompts(typed.prompt) * max(typed.n or 1, typed.best_of or 1)
+        return 1
+
+    @property
+    def choices(self) -> int:
+        """How many choices the answer carries (each ends with its own ``finish_reason``)."""
+        typed = self.typed
+        if isinstance(typed, CompletionRequest):
+            return _prompts(typed.prompt) * (typed.n or 1)
+        return getattr(typed, "n", None) or 1
+
 
 def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
     """Decode a request body; any client mistake becomes a 400 naming the parameter."""
@@ -146,10 +177,18 @@ def _param(message: str) -> str | None:
 def _check_values(typed: AnyRequest) -> None:
     if isinstance(typed, ChatRequest) and not typed.messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = getattr(typed, name, None)
-        if value is not None and value < 1:
-            raise InvalidRequest(f"'{name}' must be at least 1.", param=name)
+    if isinstance(typed, CompletionRequest):
+        if typed.best_of is not None and typed.best_of < (typed.n or 1):
+            raise InvalidRequest("'best_of' must be at least 'n'.", param="best_of")
+        if isinstance(typed.prompt, list) and not typed.prompt:
+            raise InvalidRequest("'prompt' must not be an empty list.", param="prompt")
+
+
+def _prompts(value: PromptValue) -> int:
+    """How many prompts ``value`` holds: a string or one list of token ids is one prompt."""
+    if isinstance(value, str) or all(isinstance(v, int) for v in value):
+        return 1
+    return len(value)
 
 
 def prompt_text(request: ParsedRequest) -> tuple[str, int]:
@@ -191,15 +230,37 @@ class Usage(msgspec.Struct):
         return (details.cached_tokens or 0) if details else 0
 
 
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCall(msgspec.Struct):
+    function: _Function | None = None
+
+
 class _Delta(msgspec.Struct):
     content: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+    function_call: _Function | None = None
+
+    def generated(self) -> str:
+        """Everything the engine generated here: reasoning, content, tool names and arguments."""
+        calls = [c.function for c in self.tool_calls or () if c.function is not None]
+        if self.function_call is not None:
+            calls.append(self.function_call)
+        names = [part for f in calls for part in (f.name, f.arguments) if part]
+        thought = self.reasoning_content or self.reasoning or ""
+        return "".join((thought, self.content or "", *names))
 
 
 class _ChunkChoice(msgspec.Struct):
     delta: _Delta | None = None
     text: str | None = None
     message: _Delta | None = None
+    finish_reason: str | None = None
 
 
 class StreamChunk(msgspec.Struct):
@@ -209,11 +270,16 @@ class StreamChunk(msgspec.Struct):
     usage: Usage | None = None
 
     def text(self) -> str:
+        """Every generated character the frame carries, for the gateway's own count."""
         out = []
         for choice in self.choices:
             for part in (choice.delta, choice.message):
                 if part is not None:
-                    out.append((part.reasoning_content or "") + (part.content or ""))
+                    out.append(part.generated())
             if choice.text:
                 out.append(choice.text)
         return "".join(out)
+
+    def finished(self) -> int:
+        """How many choices this frame ends (each carries a ``finish_reason``)."""
+        return sum(1 for choice in self.choices if choice.finish_reason)

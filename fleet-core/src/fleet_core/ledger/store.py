@@ -1,7 +1,9 @@
 """The ledger's SQL: the idempotent batch insert with its per-minute rollup, and read helpers.
 
 A batch is COPYed into a session-local staging table, then moved into ``ledger`` with
-``ON CONFLICT (request_id) DO NOTHING``; the rollup is summed from that insert's ``RETURNING``, so
+``ON CONFLICT (request_id) DO NOTHING`` (``request_id`` is minted by the gateway per request, so
+only a replay of the same record can conflict; the client's own id is ``client_request_id``, not
+unique); the rollup is summed from that insert's ``RETURNING``, so
 a row replayed after an outage (already in the ledger) adds nothing to ``usage_minute`` a second
 time. It all runs in one transaction: the rows and their sums commit together or not at all.
 """
@@ -62,6 +64,7 @@ COLUMNS = (
     "cached_tokens",
     "fresh_tokens",
     "units",
+    "client_request_id",
 )
 _COLS = ", ".join(COLUMNS)
 
@@ -128,6 +131,7 @@ class LedgerRow(msgspec.Struct, frozen=True, kw_only=True):
     fresh_tokens: int
     units: int | None
     recorded_at: datetime
+    client_request_id: str | None
 
 
 class MinuteRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -187,6 +191,7 @@ def row_values(record: UsageRecord) -> tuple[object, ...]:
         record.cached_tokens,
         record.fresh_tokens,
         record.units,
+        record.client_request_id,
     )
 
 

@@ -2,8 +2,11 @@
 
 With a model's ``tokenizer.json`` the count is exact for the text (chat-template tokens excluded:
 the engine counts those too, so a chat prompt reads a few tokens lower here than the engine's).
-Without one, the documented estimate is one token per four characters, rounded up: OpenAI's own
-rule of thumb for English, good to about ±25% and the same for every tenant.
+Without one, the documented estimate is one token per four ASCII characters, rounded up (OpenAI's
+own rule of thumb for English, good to about ±25%), plus one token for every other character. The
+four-characters rule is made for Latin text: Chinese, Japanese or Korean text runs at about one
+token per character or more, so counting it by four would bill a quarter of it. One token per
+non-ASCII character errs high for accented Latin text, never low for any script.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ __all__ = ["ESTIMATE", "Counter", "counter_from_json", "estimate_tokens", "load_
 
 log = logging.getLogger("fleet.metering")
 
-ESTIMATE = "estimate:chars/4"
+ESTIMATE = "estimate:ascii/4+other"
 
 
 def estimate_tokens(text: str) -> int:
-    return (len(text) + 3) // 4
+    if text.isascii():
+        return (len(text) + 3) // 4
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return (ascii_chars + 3) // 4 + len(text) - ascii_chars
 
 
 @dataclass(frozen=True)

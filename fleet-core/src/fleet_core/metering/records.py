@@ -33,6 +33,7 @@ class GatewayCount(msgspec.Struct, frozen=True, rename="camel"):
 
 class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     request_id: str
+    """Minted by the gateway for this request alone: the ledger's key. Never the client's."""
     kind: str
     model: str
     served_model: str
@@ -50,26 +51,36 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     key_id: str | None = None
     units: int | None = None
     """Micro-units billed (tokens × the model's rates); None when the model has no rates."""
+    client_request_id: str | None = None
+    """The client's own ``X-Request-Id``, kept for its reference; not unique, never a key."""
+
+    @property
+    def billed(self) -> bool:
+        """Whether this record bills anything.
+
+        Nothing is billed for a request that never reached an engine (refused at admission,
+        or gone while waiting for one), nor for one that failed upstream before its first byte.
+        """
+        if self.outcome == "refused" or self.endpoint is None:
+            return False
+        return not (self.outcome == "upstream_error" and self.first_byte_at is None)
 
     @property
     def prompt_tokens(self) -> int:
-        """The billed prompt tokens: the engine's when it said, else the gateway's count.
-
-        A request refused at admission never reached an engine and bills nothing.
-        """
-        if self.outcome == "refused":
+        """The billed prompt tokens: the engine's when it said, else the gateway's count."""
+        if not self.billed:
             return 0
         return self.engine.prompt_tokens if self.engine else self.gateway.prompt_tokens
 
     @property
     def completion_tokens(self) -> int:
-        if self.outcome == "refused":
+        if not self.billed:
             return 0
         return self.engine.completion_tokens if self.engine else self.gateway.completion_tokens
 
     @property
     def cached_tokens(self) -> int:
-        return self.engine.cached_tokens if self.engine and self.outcome != "refused" else 0
+        return self.engine.cached_tokens if self.engine and self.billed else 0
 
     @property
     def fresh_tokens(self) -> int:
