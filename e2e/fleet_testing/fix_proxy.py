@@ -4,7 +4,8 @@ psycopg's test suite puts a proxy between client and server and stops it to lose
 (its ``tests/fix_proxy.py``); Fleet does the same, in process. ``tcp_proxy(host, port)`` returns a
 `TcpProxy` listening on 127.0.0.1 and forwarding to the target. ``cut()`` resets every open
 connection and refuses new ones (the listening socket closes); ``resume()`` listens again on the
-same port. Point a client at ``proxy.url_for(url)``.
+same port. Point a client at ``proxy.url_for(url)``. ``latency_s`` delays every chunk forwarded
+(both ways), to catch code that only works while its server answers at once.
 
 The proxy runs asyncio on its own thread and loop, so it serves sync clients (which would block a
 test's loop) and async tests alike, and ``cut``/``resume`` are plain calls.
@@ -58,6 +59,7 @@ class TcpProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._links: set[asyncio.Task[Any]] = set()
         self.accepted = 0  # connections forwarded so far: proof traffic went through us
+        self.latency_s = 0.0
 
     @property
     def address(self) -> servers.Address:
@@ -115,7 +117,7 @@ class TcpProxy:
             return  # the target is down: the client sees its connection closed
         self._writers.add(up_writer)
         try:
-            await _splice(reader, writer, up_reader, up_writer)
+            await _splice(reader, writer, up_reader, up_writer, lambda: self.latency_s)
         finally:
             await _close(up_writer)
             self._writers.discard(up_writer)
@@ -149,11 +151,12 @@ async def _splice(
     a_writer: asyncio.StreamWriter,
     b_reader: asyncio.StreamReader,
     b_writer: asyncio.StreamWriter,
+    latency: Callable[[], float],
 ) -> None:
     """Copy both ways until either side ends; then the link is over."""
     pumps = {
-        asyncio.create_task(_pump(a_reader, b_writer)),
-        asyncio.create_task(_pump(b_reader, a_writer)),
+        asyncio.create_task(_pump(a_reader, b_writer, latency)),
+        asyncio.create_task(_pump(b_reader, a_writer, latency)),
     }
     _, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
     for pump in pending:
@@ -161,9 +164,13 @@ async def _splice(
     await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+async def _pump(
+    source: asyncio.StreamReader, sink: asyncio.StreamWriter, latency: Callable[[], float]
+) -> None:
     with contextlib.suppress(OSError):
         while chunk := await source.read(CHUNK):
+            if delay := latency():
+                await asyncio.sleep(delay)
             sink.write(chunk)
             await sink.drain()
 

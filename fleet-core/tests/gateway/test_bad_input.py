@@ -122,7 +122,8 @@ async def test_the_client_request_id_is_echoed_and_kept_but_never_the_key(gw: An
         )
         assert response.headers["x-request-id"] == "trace-42"
         minted = response.headers["x-fleet-request-id"]
-        assert minted.startswith("req_") and len(minted) == 36
+        assert minted.startswith("req_")
+        assert len(minted) == 36
         records = (await http.get(gw.url + "/api/v1/requests")).json()["data"]
         assert records[0]["requestId"] == minted
         assert records[0]["clientRequestId"] == "trace-42"

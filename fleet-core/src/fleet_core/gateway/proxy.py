@@ -213,12 +213,13 @@ def _exhausted(pool: Pool, failures: list[_Failure]) -> UpstreamError:
             detail = err if isinstance(err, str) else (err.message if err else detail)
         except msgspec.DecodeError:
             pass
+    busy = last.status in (429, 503)
     retry_after = next((f.retry_after for f in reversed(failures) if f.retry_after), None)
     return UpstreamError(
         f"every endpoint of model {pool.name!r} failed ({len(failures)} tried); last: {detail}",
         status=last.status or 502,
-        code="engine_overloaded" if last.status in (429, 503) else None,
-        headers={"Retry-After": _seconds(retry_after)} if retry_after else None,
+        code="engine_overloaded" if busy else None,
+        headers={"Retry-After": _seconds(retry_after or "1")} if busy else None,
     )
 
 
