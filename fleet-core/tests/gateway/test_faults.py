@@ -9,19 +9,15 @@ gauge at 0, one record per admitted request, no 500 anywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import msgspec
 import pytest
 
-from fleet_core.settings import admission_from_env
 from fleet_testing.fix_fault_engine import (
     END,
     OK_CHAT,
     RESET,
-    FaultEngine,
-    FaultEngineFactory,
     Script,
     answer,
     chat_frames,
@@ -30,56 +26,14 @@ from fleet_testing.fix_fault_engine import (
     usage_frame,
 )
 
-from .conftest import GatewayFactory, Served
-from .money import Books, envelope
+from .conftest import Rig, RigFactory
+from .money import envelope
 
-TPM = 6000
-MSG = [{"role": "user", "content": "hello there"}]
-READ_TIMEOUT_S = 0.5
 STALL_S = 1.5
 GARBAGE = b"HTTP/1.1 banana\r\nbroken\r\n\r\n"
 BAD_LENGTH = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}"
 CUT_BODY = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{"ch'
 STREAM_OK = (sse(), *chat_frames(["fine", " thanks"]), usage_frame(3, 2), frame("[DONE]"), END)
-
-
-@dataclass
-class Rig:
-    gw: Served
-    engine: FaultEngine
-    spare: FaultEngine
-    books: Books
-
-    async def send(self, *, stream: bool = False, **body: Any) -> httpx.Response:
-        payload = {"model": "m", "messages": MSG, "max_tokens": 1000, "stream": stream, **body}
-        async with httpx.AsyncClient(timeout=30) as http:
-            response = await http.post(f"{self.gw.url}/v1/chat/completions", json=payload)
-        self.books.statuses.append(response.status_code)
-        return response
-
-
-@pytest.fixture
-async def rig(
-    start_gateway: GatewayFactory,
-    fault_engine: FaultEngineFactory,
-    redis_url: str,
-    redis_prefix: str,
-) -> Rig:
-    engine = await fault_engine()
-    spare = await fault_engine()
-    env = {"FLEET_RATE_TPM": str(TPM), "FLEET_REDIS_URL": redis_url}
-    admission = admission_from_env({**env, "FLEET_REDIS_PREFIX": redis_prefix})
-    config = {
-        "read_timeout_s": READ_TIMEOUT_S,
-        "health": {"interval_s": 60, "eject_after": 2},
-        "upstreams": [
-            {"id": "m", "model": "m", "base_url": engine.url, "fallbacks": ["s"]},
-            {"id": "s", "model": "s", "base_url": spare.url},
-        ],
-    }
-    gw = await start_gateway(config, admission=admission)
-    key = f"{redis_prefix}fleet:rl:{{anonymous}}:tenant:tpm"
-    return Rig(gw, engine, spare, Books(gw.url, redis_url, key, TPM))
 
 
 @dataclass(frozen=True)
@@ -131,6 +85,11 @@ SCENARIOS = {
     ),
     "a clean stream": Scenario(list(STREAM_OK), 200, stream=True),
 }
+
+
+@pytest.fixture
+async def rig(start_rig: RigFactory) -> Rig:
+    return await start_rig()
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
