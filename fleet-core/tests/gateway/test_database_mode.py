@@ -410,3 +410,54 @@ async def test_metrics_are_for_a_metrics_credential_of_the_control_plane(
         credential_id = created.json()["id"]
         await fleet.api.delete(f"/api/v1/credentials/{credential_id}")
         assert (await http.get("/metrics", headers=bearer(scrape))).status_code == 401
+
+
+async def test_the_ledger_key_is_the_gateways_not_the_clients(start_fleet: FleetFactory) -> None:
+    """Regression (issue 13, item 1): X-Request-Id was the ledger's key. Six requests with one
+    id left one row; another tenant reusing it was never billed; and the budget book, keyed by
+    it, overwrote its entries without subtracting them, so its sum leaked for good."""
+    fleet = await start_fleet()
+    await fleet.call({"_path": "/api/v1/tenants", "id": "globex", "name": "G"}, status=201)
+    await fleet.call(
+        {"_path": "/api/v1/projects", "tenantId": "globex", "name": "main"}, status=201
+    )
+    rule = await fleet.call(
+        {
+            "_path": "/api/v1/budget-rules",
+            "scopeKind": "tenant",
+            "scopeId": "acme",
+            "dimension": "tokens_total",
+            "limit": 1_000_000,
+            "window": "1d",
+        },
+        status=201,
+    )
+    acme, globex = await fleet.issue_key(), await fleet.issue_key("globex/main")
+    for key in (acme, globex):
+        await until(lambda k=key: _served(fleet, k["secret"]), within_s=CHANGE_DEADLINE_S)
+    echoed = set()
+    async with httpx.AsyncClient() as http:
+        for key in [acme] * 6 + [globex]:
+            response = await http.post(
+                f"{fleet.gateway.url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {key['secret']}", "X-Request-Id": "dup-1"},
+                json={"model": MODEL, "messages": MSG, "max_tokens": 8},
+            )
+            assert response.status_code == 200
+            echoed.add(response.headers["x-request-id"])
+    assert echoed == {"dup-1"}
+    await fleet.ledger_rows(9)
+    rows = await fleet.ledger(
+        "SELECT request_id, tenant, prompt_tokens + completion_tokens FROM ledger"
+        " WHERE client_request_id = 'dup-1'"
+    )
+    assert len(rows) == 7
+    assert len({r[0] for r in rows}) == 7  # seven keys, all minted here
+    assert all(r[0].startswith("req_") for r in rows)
+    assert [r[1] for r in rows].count("globex") == 1  # billed to its own tenant
+    budgets = fleet.gateway.app.state.admission.budgets
+
+    async def rolled_up() -> bool:  # every settled record has reached the rollups: none left
+        return bool(budgets.unrolled(rule["id"]) == 0)
+
+    await until(rolled_up, within_s=5.0)
