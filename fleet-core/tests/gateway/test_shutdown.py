@@ -1,0 +1,149 @@
+"""SIGTERM mid-stream against a real gateway process: the cut request is still billed and settled.
+
+The gateway runs as its own process in database mode with Redis buckets; the control plane runs
+in-process to create the tenant (tpm 6,000) and its key. A stream is open when SIGTERM arrives and
+the shutdown grace is shorter than the stream, so shutdown cancels it. After the process has
+exited, the ledger holds exactly one row for the stream, and the tenant's Redis bucket is back to
+its capacity minus what that row bills: the settlement reached Redis before its client closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
+from fleet_core.apiserver.app import open_resources as open_apiserver
+from fleet_core.settings import LogSettings
+from fleet_core.stub_engine import StubSettings, running_app, running_stub
+
+from .money import bucket_level
+from .test_config_and_cli import free_port
+
+TPM = 6000
+
+
+@pytest.fixture
+async def control_plane(postgres_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    settings = ApiserverSettings(database_url=postgres_url, log=LogSettings(access=False))
+    async with (
+        open_apiserver(settings) as resources,
+        running_app(create_apiserver_app(settings, resources)) as url,
+        httpx.AsyncClient(base_url=url) as api,
+    ):
+        yield api
+
+
+async def _key(api: httpx.AsyncClient) -> str:
+    for path, body in (
+        ("/api/v1/tenants", {"id": "acme", "name": "Acme", "tokenLimit": TPM}),
+        ("/api/v1/projects", {"tenantId": "acme", "name": "research"}),
+        ("/api/v1/keys", {"projectId": "acme/research", "label": "t"}),
+    ):
+        response = await api.post(path, json=body)
+        assert response.status_code == 201, response.text
+    return str(response.json()["secret"])
+
+
+async def test_sigterm_mid_stream_settles_before_redis_closes(
+    control_plane: httpx.AsyncClient,
+    postgres_url: str,
+    redis_url: str,
+    redis_prefix: str,
+    tmp_path: Path,
+) -> None:
+    key = await _key(control_plane)
+    reply = " ".join(["word"] * 200)
+    async with running_stub(StubSettings(model="m", token_delay_ms=50, reply=reply)) as engine:
+        config = tmp_path / "fleet.yaml"
+        config.write_text(f"upstreams:\n  - id: m\n    model: m\n    base_url: {engine}\n")
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        env = {
+            **os.environ,
+            "FLEET_DATABASE_URL": postgres_url,
+            "FLEET_REDIS_URL": redis_url,
+            "FLEET_REDIS_PREFIX": redis_prefix,
+            "FLEET_LEDGER_SPOOL": str(tmp_path / "spool.jsonl"),
+            "FLEET_SHUTDOWN_GRACE_S": "0.5",
+            "FLEET_ACCESS_LOG": "false",
+        }
+        proc = _gateway(["--config", str(config), "--listen", f"127.0.0.1:{port}"], env)
+        try:
+            await _until_ready(url, proc)
+            started = time.monotonic()
+            frames = await _stream_until_sigterm(url, key, proc)
+            assert proc.wait(timeout=20) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert frames >= 3
+    assert proc.stderr is not None
+    with proc.stderr:
+        output = proc.stderr.read()
+    # hypercorn itself logs the connection task it cancels when the grace runs out; nothing of
+    # ours may fail on the way down
+    assert "fleet_core/" not in output, output
+    assert "unhandled error" not in output, output
+    async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
+        cursor = await conn.execute("SELECT prompt_tokens + completion_tokens, status FROM ledger")
+        [(billed, status)] = await cursor.fetchall()
+    assert status != 500
+    assert 3 <= billed < 200  # cut short, and billed for what was relayed
+    level = await bucket_level(redis_url, f"{redis_prefix}fleet:rl:{{acme}}:tenant:tpm")
+    assert level is not None
+    refill = TPM / 60 * (time.monotonic() - started)
+    assert TPM - billed - 1e-6 <= level <= TPM - billed + refill  # 4,096 reserved, refunded
+
+
+def _gateway(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "fleet_core.gateway", *argv]
+    return subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+
+
+async def _until_ready(url: str, proc: subprocess.Popen[str], within_s: float = 20) -> None:
+    """Ready, polled without blocking this loop (it serves the stub engine the gateway checks)."""
+    deadline = time.monotonic() + within_s
+    async with httpx.AsyncClient() as http:
+        while True:
+            assert proc.poll() is None, "the gateway exited"
+            with contextlib.suppress(httpx.HTTPError):
+                if (await http.get(f"{url}/readyz")).status_code == 200:
+                    return
+            assert time.monotonic() < deadline, "the gateway never became ready"
+            await asyncio.sleep(0.1)
+
+
+async def _stream_until_sigterm(url: str, key: str, proc: subprocess.Popen[str]) -> int:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    frames = 0
+    async with (
+        httpx.AsyncClient(timeout=30) as http,
+        http.stream(
+            "POST",
+            f"{url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+        ) as response,
+    ):
+        assert response.status_code == 200
+        try:
+            async for line in response.aiter_lines():
+                frames += line.startswith("data:")
+                if frames == 3:
+                    proc.send_signal(signal.SIGTERM)
+        except httpx.HTTPError:
+            pass  # the server went away mid-stream: that is the point
+    return frames
