@@ -45,6 +45,7 @@ class Counts:
 @dataclass
 class Slow:
     admission: Admission
+    store: BatchingStore
     proxy: TcpProxy
     key: str
     redis_url: str
@@ -71,7 +72,7 @@ async def slow(redis_url: str, redis_prefix: str, tcp_proxy: ProxyFactory) -> As
     proxy.latency_s = LATENCY_S
     key = f"{redis_prefix}fleet:rl:{{anonymous}}:tenant:tpm"
     try:
-        yield Slow(admission, proxy, key, redis_url)
+        yield Slow(admission, store, proxy, key, redis_url)
     finally:
         await store.aclose()
 
@@ -91,7 +92,8 @@ async def test_drain_waits_for_a_settlement_already_on_the_wire(slow: Slow) -> N
 
 
 async def test_a_reservation_whose_waiter_was_cancelled_is_settled(slow: Slow) -> None:
-    """The client left while its reservation was on its way: Redis charged it, nobody settled."""
+    """The client left while its reservation was on its way: Redis charged it, nobody settled.
+    The store gives it back when the answer arrives, and closing waits for that."""
     waiter = asyncio.create_task(
         slow.admission.admit(ANONYMOUS, Amounts(tokens_input=10, tokens_output=2990))
     )
@@ -100,6 +102,6 @@ async def test_a_reservation_whose_waiter_was_cancelled_is_settled(slow: Slow) -
     with contextlib.suppress(asyncio.CancelledError):
         await waiter
     await slow.admission.drain()
-    await asyncio.sleep(3 * LATENCY_S)  # whatever is still on the wire lands
-    slow.proxy.latency_s = 0
+    await slow.store.aclose()  # at shutdown: after drain, before the process exits
+    await asyncio.sleep(3 * LATENCY_S)  # anything the proxy still holds reaches Redis
     assert await slow.level() == TPM  # charged, then given back in full

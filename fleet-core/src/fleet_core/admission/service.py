@@ -7,9 +7,8 @@ one more call: the unused part refunded, an overrun charged. Settlement runs in 
 it never delays a response; settlements close together share one store call per tenant, and
 shutdown (`Admission.drain`) waits for every one still waiting or on its way.
 
-A reservation's store call runs on even when the request awaiting it is cancelled (the client
-left, or shutdown): if the store admitted it, the charge is real, so it is settled to nothing
-used as soon as the answer arrives, like any other request's.
+A reservation whose waiter is cancelled (the client left, or shutdown) while its store call is on
+the wire is given back by the store when the answer arrives (`store.BatchingStore`).
 """
 
 from __future__ import annotations
@@ -81,7 +80,7 @@ class Admission:
         self._pending: dict[Bucket, int] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
-        """Store calls under way (flushes, reservations orphaned by a cancel): drain awaits them."""
+        """Settlements under way: drain awaits them."""
         self._budget_wait = budget_wait
 
     @property
@@ -146,30 +145,13 @@ class Admission:
         if not charges:
             return charges
         try:
-            decision = await self._reserve_to_the_end(principal, charges)
+            decision = await self._store.reserve(charges)
         except StoreUnavailable as exc:
             self._store_failed(exc)
             return []
         if not decision.admitted:
             raise self._refusal(principal, decision)
         return charges
-
-    async def _reserve_to_the_end(self, principal: Principal, charges: list[Charge]) -> Decision:
-        """The store's decision; if our waiter is cancelled first, an admitted charge is settled."""
-        reserving = self._track(asyncio.ensure_future(self._store.reserve(charges)))
-        try:
-            return await asyncio.shield(reserving)
-        except asyncio.CancelledError:
-            reserving.add_done_callback(lambda done: self._settle_orphan(done, principal, charges))
-            raise
-
-    def _settle_orphan(
-        self, done: asyncio.Future[Decision], principal: Principal, charges: list[Charge]
-    ) -> None:
-        if done.cancelled() or done.exception() is not None or not done.result().admitted:
-            return
-        tokens = max((c.amount for c in charges if c.bucket.dimension == "tpm"), default=0)
-        self.settle(Reservation(principal, tokens, charges), Amounts(), request_id="")
 
     def _track(self, task: asyncio.Future[Any]) -> asyncio.Future[Any]:
         self._tasks.add(task)

@@ -12,10 +12,11 @@ become `StoreUnavailable`; what to do then (admit or refuse) is the policy's bus
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.resources
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,6 +168,10 @@ class BatchingStore:
     Under load many requests are admitted per tick; each still gets its own all-or-nothing
     decision, judged in arrival order, and the round trips per admission drop below one. Nothing
     waits for a batch to fill: the batch is sent at the end of the tick it started in.
+
+    A reservation is all or nothing for its waiter too: one cancelled while the batch was on the
+    wire (its client left, or shutdown) is given back in full as soon as Redis admits it, since
+    nobody will ever settle it. ``aclose`` waits for batches and give-backs still on the wire.
     """
 
     def __init__(self, store: RedisStore) -> None:
@@ -180,7 +185,13 @@ class BatchingStore:
         if not self._queue:
             loop.call_soon(self._flush)
         self._queue.append((charges, future))
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # Answered, but cancelled before the waiter resumed: the answer is lost with it.
+            if future.done() and not future.cancelled() and future.result().admitted:
+                self._spawn(self._give_back(charges))
+            raise
 
     def _flush(self) -> None:
         queue, self._queue = self._queue, []
@@ -189,9 +200,12 @@ class BatchingStore:
             tag = hash_tag(item[0][0].bucket.key) if item[0] else ""
             groups.setdefault(tag, []).append(item)
         for group in groups.values():
-            task = asyncio.get_running_loop().create_task(self._send(group))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._spawn(self._send(group))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     async def _send(self, group: list[tuple[Sequence[Charge], asyncio.Future[Decision]]]) -> None:
         try:
@@ -201,9 +215,18 @@ class BatchingStore:
                 if not future.done():
                     future.set_exception(exc)
             return
-        for (_, future), decision in zip(group, decisions, strict=True):
+        orphans: list[Charge] = []
+        for (charges, future), decision in zip(group, decisions, strict=True):
             if not future.done():
                 future.set_result(decision)
+            elif decision.admitted:  # its waiter was cancelled: nobody else will give it back
+                orphans += charges
+        if orphans:
+            await self._give_back(orphans)
+
+    async def _give_back(self, charges: Sequence[Charge]) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self._store.settle([Charge(c.bucket, -c.amount) for c in charges])
 
     async def settle(self, charges: Sequence[Charge]) -> None:
         await self._store.settle(charges)
@@ -212,6 +235,7 @@ class BatchingStore:
         return await self._store.ping()
 
     async def aclose(self) -> None:
+        await asyncio.gather(*self._sending, return_exceptions=True)
         await self._store.aclose()
 
 
