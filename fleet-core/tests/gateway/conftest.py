@@ -13,9 +13,16 @@ import openai
 import pytest
 from starlette.applications import Starlette
 
+from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
+from fleet_core.apiserver.app import open_resources as open_apiserver
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, validate
-from fleet_core.settings import GatewaySettings, LogSettings, admission_from_env
+from fleet_core.settings import (
+    DatabaseModeSettings,
+    GatewaySettings,
+    LogSettings,
+    admission_from_env,
+)
 from fleet_core.stub_engine import StubSettings, create_app, running_app
 from fleet_testing.fix_fault_engine import FaultEngine, FaultEngineFactory
 
@@ -99,7 +106,7 @@ class Rig:
         """One request (chat by default; a None in ``body`` drops that field)."""
         payload = {"model": "m", "messages": MSG, "max_tokens": 1000, "stream": stream, **body}
         payload = {name: value for name, value in payload.items() if value is not None}
-        async with httpx.AsyncClient(timeout=30) as http:
+        async with httpx.AsyncClient(timeout=30, headers=self.books.headers) as http:
             response = await http.post(f"{self.gw.url}{path}", json=payload)
         self.books.statuses.append(response.status_code)
         return response
@@ -116,9 +123,19 @@ def start_rig(
     redis_prefix: str,
 ) -> RigFactory:
     """``await start_rig(**upstream)``: a gateway on Redis (anonymous tpm=`TPM`) whose model
-    ``m`` is a `FaultEngine` (``upstream`` adds to its config), with another as its fallback."""
+    ``m`` is a `FaultEngine` (``upstream`` adds to its config), with another as its fallback.
 
-    async def start(env: dict[str, str] | None = None, **upstream: Any) -> Rig:
+    With ``database`` (and the ``key`` of tenant ``acme``, see `issue_tenant_key`) the gateway
+    runs in database mode, and the books include the ledger."""
+
+    async def start(
+        env: dict[str, str] | None = None,
+        *,
+        database: DatabaseModeSettings | None = None,
+        key: str | None = None,
+        eject_after: int = 2,
+        **upstream: Any,
+    ) -> Rig:
         engine = await fault_engine()
         spare = await fault_engine()
         full = {"FLEET_RATE_TPM": str(TPM), "FLEET_REDIS_URL": redis_url, **(env or {})}
@@ -127,11 +144,39 @@ def start_rig(
         config = {
             "read_timeout_s": READ_TIMEOUT_S,
             "queue_timeout_s": 0.2,
-            "health": {"interval_s": 60, "eject_after": 2},
+            "health": {"interval_s": 60, "eject_after": eject_after},
             "upstreams": [first, {"id": "s", "model": "s", "base_url": spare.url}],
         }
-        gw = await start_gateway(config, admission=admission)
-        key = f"{redis_prefix}fleet:rl:{{anonymous}}:tenant:tpm"
-        return Rig(gw, engine, spare, Books(gw.url, redis_url, key, TPM))
+        gw = await start_gateway(config, admission=admission, database=database)
+        tenant = "anonymous" if database is None else "acme"
+        bucket = f"{redis_prefix}fleet:rl:{{{tenant}}}:tenant:tpm"
+        books = Books(gw.url, redis_url, bucket, TPM, ledger_url=database and database.url)
+        if key is not None:
+            books.headers["Authorization"] = f"Bearer {key}"
+        return Rig(gw, engine, spare, books)
 
     return start
+
+
+@pytest.fixture
+async def control_plane(postgres_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The control plane on a fresh database, in process; its API client."""
+    settings = ApiserverSettings(database_url=postgres_url, log=LogSettings(access=False))
+    async with (
+        open_apiserver(settings) as resources,
+        running_app(create_apiserver_app(settings, resources)) as url,
+        httpx.AsyncClient(base_url=url) as api,
+    ):
+        yield api
+
+
+async def issue_tenant_key(api: httpx.AsyncClient, *, tpm: int) -> str:
+    """Tenant ``acme`` (tokens per minute ``tpm``), project ``acme/research``, and a key for it."""
+    for path, body in (
+        ("/api/v1/tenants", {"id": "acme", "name": "Acme", "tokenLimit": tpm}),
+        ("/api/v1/projects", {"tenantId": "acme", "name": "research"}),
+        ("/api/v1/keys", {"projectId": "acme/research", "label": "t"}),
+    ):
+        response = await api.post(path, json=body)
+        assert response.status_code == 201, response.text
+    return str(response.json()["secret"])

@@ -3,7 +3,8 @@
 - every Redis token bucket is back to its capacity minus what the records bill (refill over the
   test's duration is the only slack allowed);
 - ``fleet_requests_in_flight`` is 0;
-- exactly one usage record per request admitted, and no 500 anywhere.
+- exactly one usage record per request admitted (and in database mode exactly one ledger row per
+  record), and no 500 anywhere.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from typing import Any
 
 import httpx
 import msgspec
+import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from fleet_core.metering.records import UsageRecord
 
-__all__ = ["Books", "billed", "bucket_level", "in_flight", "records"]
+__all__ = ["Books", "billed", "bucket_level", "envelope", "in_flight", "ledger_ids", "records"]
 
 SETTLE_WITHIN_S = 10.0
 
@@ -63,6 +65,8 @@ class Books:
     redis_url: str
     tpm_key: str
     capacity: int
+    ledger_url: str | None = None
+    """In database mode: the ledger must hold exactly the records, one row each."""
     headers: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     statuses: list[int] = field(default_factory=list)
@@ -76,6 +80,8 @@ class Books:
             gauge = await in_flight(self.url, self.headers)
             level = await bucket_level(self.redis_url, self.tpm_key)
             problem = self._problem(found, gauge, level, admitted)
+            if problem is None and self.ledger_url is not None:
+                problem = _ledger_problem(await ledger_ids(self.ledger_url), found)
             if problem is None:
                 return found
             assert time.monotonic() < deadline, problem
@@ -102,6 +108,18 @@ class Books:
         if not expected - 1e-6 <= level <= min(self.capacity, expected + slack) + 1e-6:
             return f"tpm bucket at {level:.1f}; capacity {self.capacity} - used {used} = {expected}"
         return None
+
+
+async def ledger_ids(url: str) -> list[str]:
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        cursor = await conn.execute("SELECT request_id FROM ledger")
+        return [row[0] for row in await cursor.fetchall()]
+
+
+def _ledger_problem(rows: Sequence[str], found: Sequence[UsageRecord]) -> str | None:
+    if sorted(rows) != sorted(r.request_id for r in found):
+        return f"{len(rows)} ledger rows for {len(found)} records"
+    return None
 
 
 def envelope(response: httpx.Response) -> dict[str, Any]:

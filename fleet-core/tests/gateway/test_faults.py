@@ -9,11 +9,13 @@ gauge at 0, one record per admitted request, no 500 anywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import msgspec
 import pytest
 
+from fleet_core.settings import DatabaseModeSettings
 from fleet_testing.fix_fault_engine import (
     END,
     OK_CHAT,
@@ -26,7 +28,7 @@ from fleet_testing.fix_fault_engine import (
     usage_frame,
 )
 
-from .conftest import Rig, RigFactory
+from .conftest import TPM, Rig, RigFactory, issue_tenant_key
 from .money import envelope
 
 STALL_S = 1.5
@@ -110,6 +112,23 @@ async def test_every_fault_keeps_the_books_exact(rig: Rig, name: str) -> None:
     if scenario.status in (429, 503):
         assert response.headers["retry-after"] == ("7" if scenario.status == 429 else "1")
         assert all(r.prompt_tokens == 0 for r in found)  # nothing generated, nothing billed
+
+
+async def test_every_fault_in_database_mode_leaves_one_ledger_row_each(
+    postgres_url: str, control_plane: httpx.AsyncClient, start_rig: RigFactory, tmp_path: Path
+) -> None:
+    """The same scenarios, one after another on one gateway in database mode: after each, the
+    ledger holds exactly one row per admitted request (and the buckets and gauge balance)."""
+    key = await issue_tenant_key(control_plane, tpm=TPM)
+    database = DatabaseModeSettings(url=postgres_url, spool_path=tmp_path / "spool.jsonl")
+    rig = await start_rig(database=database, key=key, eject_after=100)
+    for admitted, (name, scenario) in enumerate(SCENARIOS.items(), start=1):
+        rig.engine.then(scenario.script)
+        if scenario.spare is not None:
+            rig.spare.then(scenario.spare)
+        response = await rig.send(stream=scenario.stream)
+        assert response.status_code == scenario.status, (name, response.text)
+        await rig.books.check(admitted=admitted)
 
 
 def _code(response: httpx.Response, *, stream: bool) -> str | None:

@@ -16,44 +16,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import psycopg
-import pytest
 
-from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
-from fleet_core.apiserver.app import open_resources as open_apiserver
-from fleet_core.settings import LogSettings
-from fleet_core.stub_engine import StubSettings, running_app, running_stub
+from fleet_core.stub_engine import StubSettings, running_stub
 
+from .conftest import issue_tenant_key
 from .money import bucket_level
 from .test_config_and_cli import free_port
 
 TPM = 6000
-
-
-@pytest.fixture
-async def control_plane(postgres_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    settings = ApiserverSettings(database_url=postgres_url, log=LogSettings(access=False))
-    async with (
-        open_apiserver(settings) as resources,
-        running_app(create_apiserver_app(settings, resources)) as url,
-        httpx.AsyncClient(base_url=url) as api,
-    ):
-        yield api
-
-
-async def _key(api: httpx.AsyncClient) -> str:
-    for path, body in (
-        ("/api/v1/tenants", {"id": "acme", "name": "Acme", "tokenLimit": TPM}),
-        ("/api/v1/projects", {"tenantId": "acme", "name": "research"}),
-        ("/api/v1/keys", {"projectId": "acme/research", "label": "t"}),
-    ):
-        response = await api.post(path, json=body)
-        assert response.status_code == 201, response.text
-    return str(response.json()["secret"])
 
 
 async def test_sigterm_mid_stream_settles_before_redis_closes(
@@ -63,7 +37,7 @@ async def test_sigterm_mid_stream_settles_before_redis_closes(
     redis_prefix: str,
     tmp_path: Path,
 ) -> None:
-    key = await _key(control_plane)
+    key = await issue_tenant_key(control_plane, tpm=TPM)
     reply = " ".join(["word"] * 200)
     async with running_stub(StubSettings(model="m", token_delay_ms=50, reply=reply)) as engine:
         config = tmp_path / "fleet.yaml"
