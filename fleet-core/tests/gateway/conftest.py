@@ -134,6 +134,7 @@ def start_rig(
         database: DatabaseModeSettings | None = None,
         key: str | None = None,
         eject_after: int = 2,
+        read_timeout_s: float = READ_TIMEOUT_S,
         **upstream: Any,
     ) -> Rig:
         engine = await fault_engine()
@@ -142,7 +143,7 @@ def start_rig(
         admission = admission_from_env({**full, "FLEET_REDIS_PREFIX": redis_prefix})
         first = {"id": "m", "model": "m", "base_url": engine.url, "fallbacks": ["s"], **upstream}
         config = {
-            "read_timeout_s": READ_TIMEOUT_S,
+            "read_timeout_s": read_timeout_s,
             "queue_timeout_s": 0.2,
             "health": {"interval_s": 60, "eject_after": eject_after},
             "upstreams": [first, {"id": "s", "model": "s", "base_url": spare.url}],

@@ -160,7 +160,9 @@ def test_demo_serves_and_sigterm_drains_an_open_stream() -> None:
         wait_until_up(url, proc)
         with openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
             reply = client.chat.completions.create(
-                model="demo", messages=[{"role": "user", "content": "hi"}]
+                model="demo",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"X-Request-Id": "trace-7"},
             )
             assert reply.choices[0].message.content
             stream = client.chat.completions.create(
@@ -182,7 +184,10 @@ def test_demo_serves_and_sigterm_drains_an_open_stream() -> None:
     lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     access = [line for line in lines if line["logger"] == "fleet.access"]
     assert access
-    assert all(len(line["request_id"]) == 36 for line in access)
+    assert all(len(line["request_id"]) == 36 for line in access)  # minted: req_ + 32 hex
+    assert [line["client_request_id"] for line in access if "client_request_id" in line] == [
+        "trace-7"
+    ]
     assert any("stopped" in line["msg"] for line in lines)
 
 

@@ -36,11 +36,12 @@ async def rig(start_rig: RigFactory) -> Rig:
 # -- item 2: every admitted request is recorded and settled, whatever happens ----------------
 
 
-async def test_a_slot_refusal_inside_open_is_recorded_and_settled(rig: Rig) -> None:
+async def test_a_slot_refusal_inside_open_is_recorded_and_settled(start_rig: RigFactory) -> None:
     """The engine's only slot is taken: the second request's 429 came from inside proxy.open
     (RateLimited) and skipped finish(): no record, the reservation never refunded, the gauge
     stuck at 1."""
-    rig.engine.then([0.4, OK_CHAT])
+    rig = await start_rig(slots=1, read_timeout_s=10)
+    rig.engine.then([2.0, OK_CHAT])  # holds the slot well past the 0.2 s queue timeout
     first = asyncio.create_task(rig.send())
     await _until(lambda: rig.engine.hits == 1 and rig.spare.hits == 0)
     second = await rig.send()

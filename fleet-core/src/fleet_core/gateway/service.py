@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -173,22 +173,30 @@ class GatewayService:
     @contextlib.asynccontextmanager
     async def admitted(self, exchange: Exchange) -> AsyncIterator[Exchange]:
         """Admit the request, and whatever happens inside, record and settle it once."""
+        with self._counted():
+            try:
+                await self._admit(exchange)
+                yield exchange
+            except BaseException as exc:
+                exchange.failed(exc)
+                raise
+            finally:
+                try:
+                    await self._close(exchange)
+                finally:
+                    self._finish(exchange)
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        """Exchanges not yet recorded and settled, for `drain`."""
         self._live += 1
         self._idle.clear()
         try:
-            await self._admit(exchange)
-            yield exchange
-        except BaseException as exc:
-            exchange.failed(exc)
-            raise
+            yield
         finally:
-            try:
-                await self._close(exchange)
-            finally:
-                self._finish(exchange)
-                self._live -= 1
-                if self._live == 0:
-                    self._idle.set()
+            self._live -= 1
+            if self._live == 0:
+                self._idle.set()
 
     async def drain(self, timeout_s: float) -> None:
         """Wait (at most ``timeout_s``) until every exchange has recorded and settled."""
@@ -279,6 +287,8 @@ class GatewayService:
     def _finish(self, exchange: Exchange) -> None:
         """Write the request's one usage record, settle its reservation, count it."""
         exchange.note(499, "client_disconnected")  # nothing noted: nobody saw it end
+        if exchange.reservation is None and exchange.outcome != "refused":
+            return  # gone while being admitted: neither admitted nor refused, nothing to record
         record = self._record(exchange)
         self._sink.record(record)
         if exchange.reservation is None:
