@@ -30,7 +30,7 @@ from .money import Books
 
 TPM = 6000
 """The anonymous tenant's tokens per minute in a `Rig`: 100 a second of refill."""
-READ_TIMEOUT_S = 0.5
+READ_TIMEOUT_S = 1.0
 MSG = [{"role": "user", "content": "hello there"}]
 
 

@@ -31,7 +31,7 @@ from fleet_testing.fix_fault_engine import (
 from .conftest import TPM, Rig, RigFactory, issue_tenant_key
 from .money import envelope
 
-STALL_S = 1.5
+STALL_S = 2.5
 GARBAGE = b"HTTP/1.1 banana\r\nbroken\r\n\r\n"
 BAD_LENGTH = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}"
 CUT_BODY = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{"ch'
