@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -24,6 +24,7 @@ from fleet_core.settings import (
     admission_from_env,
 )
 from fleet_core.stub_engine import StubSettings, create_app, running_app
+from fleet_testing.fix_auth import bearer
 from fleet_testing.fix_fault_engine import FaultEngine, FaultEngineFactory
 
 from .money import Books
@@ -99,6 +100,8 @@ class Rig:
     engine: FaultEngine
     spare: FaultEngine
     books: Books
+    headers: dict[str, str] = field(default_factory=dict)
+    """The client's (its key, in database mode)."""
 
     async def send(
         self, *, stream: bool = False, path: str = "/v1/chat/completions", **body: Any
@@ -106,7 +109,7 @@ class Rig:
         """One request (chat by default; a None in ``body`` drops that field)."""
         payload = {"model": "m", "messages": MSG, "max_tokens": 1000, "stream": stream, **body}
         payload = {name: value for name, value in payload.items() if value is not None}
-        async with httpx.AsyncClient(timeout=30, headers=self.books.headers) as http:
+        async with httpx.AsyncClient(timeout=30, headers=self.headers) as http:
             response = await http.post(f"{self.gw.url}{path}", json=payload)
         self.books.statuses.append(response.status_code)
         return response
@@ -121,6 +124,7 @@ def start_rig(
     fault_engine: FaultEngineFactory,
     redis_url: str,
     redis_prefix: str,
+    admin_token: str,
 ) -> RigFactory:
     """``await start_rig(**upstream)``: a gateway on Redis (anonymous tpm=`TPM`) whose model
     ``m`` is a `FaultEngine` (``upstream`` adds to its config), with another as its fallback.
@@ -152,21 +156,23 @@ def start_rig(
         tenant = "anonymous" if database is None else "acme"
         bucket = f"{redis_prefix}fleet:rl:{{{tenant}}}:tenant:tpm"
         books = Books(gw.url, redis_url, bucket, TPM, ledger_url=database and database.url)
-        if key is not None:
-            books.headers["Authorization"] = f"Bearer {key}"
-        return Rig(gw, engine, spare, books)
+        if database is not None:  # the operator reads /metrics and every record
+            books.headers = bearer(admin_token)
+        return Rig(gw, engine, spare, books, bearer(key) if key else {})
 
     return start
 
 
 @pytest.fixture
-async def control_plane(postgres_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    """The control plane on a fresh database, in process; its API client."""
-    settings = ApiserverSettings(database_url=postgres_url, log=LogSettings(access=False))
+async def control_plane(postgres_url: str, admin_token: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The control plane on a fresh database, in process; its API client, as the admin."""
+    settings = ApiserverSettings(
+        database_url=postgres_url, log=LogSettings(access=False), admin_token=admin_token
+    )
     async with (
         open_apiserver(settings) as resources,
         running_app(create_apiserver_app(settings, resources)) as url,
-        httpx.AsyncClient(base_url=url) as api,
+        httpx.AsyncClient(base_url=url, headers=bearer(admin_token)) as api,
     ):
         yield api
 
