@@ -75,6 +75,12 @@ BREAKING = {
         "    gpus: tuple[str, ...] = ()\n",
         "$.nodes[].gpus[]",
     ),
+    "unknown-fields-forbidden": (
+        'class Endpoint(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):',
+        'class Endpoint(msgspec.Struct, kw_only=True, frozen=True, rename="camel",\n'
+        "               forbid_unknown_fields=True):",
+        "$.deployments[].endpoints[]{}",
+    ),
 }
 
 

@@ -97,11 +97,22 @@ class _Differ:
             else:
                 self._add(f"{path}.{name}", "added", "new optional field", breaking=False)
         if "additionalProperties" in old or "additionalProperties" in new:
-            self.diff(
-                old.get("additionalProperties", {}),
-                new.get("additionalProperties", {}),
-                f"{path}{{}}",
+            self._diff_extra(
+                old.get("additionalProperties", {}), new.get("additionalProperties", {}), path
             )
+
+    def _diff_extra(self, old: Schema | bool, new: Schema | bool, path: str) -> None:
+        """``additionalProperties``: a schema for map values, or ``false`` when unknown fields
+        are forbidden (msgspec's ``forbid_unknown_fields``), which makes every field a newer
+        writer adds an error for this reader."""
+        if isinstance(old, bool) or isinstance(new, bool):
+            if old is False and new is not False:
+                self._add(f"{path}{{}}", "loosened", "unknown fields allowed", breaking=False)
+            elif new is False and old is not False:
+                self._add(f"{path}{{}}", "narrowed", "unknown fields forbidden; readers would "
+                          "refuse every field a newer writer adds")  # fmt: skip
+            return
+        self.diff(old, new, f"{path}{{}}")
 
     def _diff_union(self, old: Schema, new: Schema, path: str) -> None:
         old_arms = {_signature(self._resolve(s, self.old_root)): s for s in _arms(old)}
