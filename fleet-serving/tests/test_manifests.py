@@ -88,6 +88,8 @@ def test_rbac_grants_only_what_the_operator_uses() -> None:
     assert grants[("", "nodes")] == {"list", "watch"}
     assert grants[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}
     assert "delete" not in set().union(*grants.values())  # ownerReferences do the deleting
+    # blockOwnerDeletion under OwnerReferencesPermissionEnforcement needs this.
+    assert grants[("serving.fleet.dev", "fleetmodels/finalizers")] == {"update"}
 
 
 def test_k3s_overlay_changes_what_it_says() -> None:
