@@ -67,6 +67,15 @@ def test_unschedulable_pod_message() -> None:
     assert observing.unschedulable_message({"status": {}}) is None
 
 
+def test_time_sliced_gpus_count_as_physical_ones_in_the_report() -> None:
+    labels = {"nvidia.com/gpu.replicas": "8", "nvidia.com/gpu.sharing-strategy": "time-slicing",
+              "nvidia.com/gpu.product": "NVIDIA-L4"}  # fmt: skip
+    seen = observing.observe_node(node_with({"nvidia.com/gpu": "32"}, labels))
+    (gpu,) = seen.node.gpus
+    assert gpu.count == 4
+    assert seen.gpus == 32  # the scheduler still places by the advertised slices
+
+
 def nodes(*bodies: dict[str, Any]) -> list[observing.ObservedNode]:
     return [observing.observe_node(b) for b in bodies]
 

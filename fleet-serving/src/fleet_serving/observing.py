@@ -28,6 +28,9 @@ _LABEL_PRODUCT = "nvidia.com/gpu.product"
 _LABEL_MEMORY = "nvidia.com/gpu.memory"
 _LABEL_MAJOR = "nvidia.com/gpu.compute.major"
 _LABEL_MINOR = "nvidia.com/gpu.compute.minor"
+_LABEL_REPLICAS = "nvidia.com/gpu.replicas"
+"""Set by GPU feature discovery under time-slicing or MPS sharing: how many ``nvidia.com/gpu``
+each physical GPU is advertised as."""
 _INT = re.compile(r"^[0-9]+$")
 
 
@@ -53,8 +56,16 @@ def _compute(labels: Mapping[str, str]) -> tuple[int, int] | None:
     return None
 
 
-def _gpus(allocatable: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[Gpu, ...]:
+def physical_gpus(allocatable: Mapping[str, Any], labels: Mapping[str, str]) -> int:
+    """Physical NVIDIA GPUs: ``nvidia.com/gpu`` divided by the sharing replicas, so a node whose
+    4 GPUs are each time-sliced 8 ways (32 allocatable) counts 4 in the report (P8's pool)."""
     count = _count(allocatable.get(GPU, 0))
+    replicas = _count(labels.get(_LABEL_REPLICAS, 1))
+    return count // replicas if replicas > 1 else count
+
+
+def _gpus(allocatable: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[Gpu, ...]:
+    count = physical_gpus(allocatable, labels)
     slices = tuple(
         MigSlice(profile=key.removeprefix(MIG_PREFIX), count=_count(value))
         for key, value in sorted(allocatable.items())
