@@ -9,12 +9,13 @@ UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 PACKAGES := contract fleet-core fleet-serving
 
-.PHONY: help dev seed test check lint format typecheck compat bench lock clean
+.PHONY: help dev seed kube test check lint format typecheck compat bench lock clean
 
 help:
 	@echo "make dev    - run the system on embedded defaults"
 	@echo "make seed   - create a demo tenant, project, key and budget rule (with make dev running)"
 	@echo "make test   - run every test (the CI command)"
+	@echo "make kube   - build the real Kubernetes control plane the tests use (once, cached)"
 	@echo "make check  - format check, lint, types, import layering, contract compatibility, tests"
 	@echo "make bench  - run the benchmarks and write docs/benchmarks.md"
 	@echo "make lock   - re-resolve dependencies and rewrite requirements.lock"
@@ -39,7 +40,12 @@ dev: $(STAMP)
 seed: $(STAMP)
 	$(PY) -m fleet_core.seed
 
-test: $(STAMP)
+# The operator's tests run on a real etcd + kube-apiserver + kube-controller-manager, built once
+# from the Kubernetes Go modules into ~/.cache/fleet/k8s-<version>/ (needs Go; instant when cached).
+kube: $(STAMP)
+	PYTHONPATH=e2e $(PY) -m fleet_testing.kube_build
+
+test: $(STAMP) kube
 	$(BIN)/pytest
 
 format: $(STAMP)

@@ -8,4 +8,5 @@ pytest_plugins = [
     "fleet_testing.fix_redis_process",
     "fleet_testing.fix_s3",
     "fleet_testing.fix_fault_engine",
+    "fleet_testing.fix_kube",
 ]
