@@ -1,7 +1,9 @@
-"""Fixtures for the operator's tests: a Kubernetes API (kmock), an inventory sink, the operator.
+"""Fixtures for the operator's tests: a Kubernetes API, an inventory sink, the operator.
 
 The operator runs as a real ``fleet-serving run`` process, pointed by a kubeconfig at kmock on
-loopback; it reports to a loopback HTTP server that decodes every PUT with fleet_contract.
+loopback or, through the ``cluster`` fixture, at a real API server as well (each end-to-end test
+written against ``cluster`` runs on both); it reports to a loopback HTTP server that decodes
+every PUT with fleet_contract.
 Workarounds for kmock's gaps live in :mod:`kube_emulator` and are named there.
 """
 
@@ -10,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,10 +28,14 @@ from aiohttp import web
 
 import fleet_contract
 from fleet_contract import InventoryReport
+from fleet_serving import crd
+from fleet_testing.fix_kube import KubeCluster
 
+from .cluster import Cluster, KmockCluster, RealCluster
 from .kube_emulator import FleetKubernetes, declare_resources
 
 T = TypeVar("T")
+KUBECTL = shutil.which("kubectl")
 
 
 def free_port() -> int:
@@ -141,12 +148,31 @@ StartOperator = Callable[..., Awaitable[Operator]]
 
 
 @pytest.fixture
-async def start_operator(tmp_path: Path, kubeconfig: Path) -> AsyncIterator[StartOperator]:
-    """Start the operator process against the kmock API; stops it (SIGTERM) at teardown."""
+async def start_operator(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[StartOperator]:
+    """Start the operator process against the test's API (the ``cluster`` if the test uses one,
+    else kmock); stops it (SIGTERM) at teardown."""
     started: list[Operator] = []
+    scope: list[str] = []
+    chosen = [name for name in ("cluster", "real_cluster") if name in request.fixturenames]
+    if chosen:
+        target: Cluster = request.getfixturevalue(chosen[0])
+        kubeconfig = target.kubeconfig
+        scope = [f"--namespace={target.namespace}"] if target.real else []
+    else:
+        kubeconfig = request.getfixturevalue("kubeconfig")
 
-    async def start(report_to: str, *extra: str, token: str = "stand-in-token") -> Operator:
-        """``token``: the operator credential, handed over in a file as a Secret would be."""
+    async def start(
+        report_to: str,
+        *extra: str,
+        token: str = "stand-in-token",
+        credentials: Path | None = None,
+        scoped: bool = True,
+    ) -> Operator:
+        """``token``: the operator credential, handed over in a file as a Secret would be;
+        ``credentials``: a kubeconfig of the operator's own (its ServiceAccount), instead of the
+        admin's; ``scoped=False``: cluster-wide even on the real API server."""
         port = free_port()
         liveness = f"http://127.0.0.1:{port}/healthz"
         log = tmp_path / f"operator-{len(started)}.log"
@@ -154,8 +180,8 @@ async def start_operator(tmp_path: Path, kubeconfig: Path) -> AsyncIterator[Star
         token_file.write_text(token + "\n")
         argv = [sys.executable, "-m", "fleet_serving", "run", f"--report-to={report_to}"]
         argv += ["--cluster=test", f"--liveness={liveness}", "--log-format=plain"]
-        argv += [f"--report-token-file={token_file}", *extra]
-        env = os.environ | {"KUBECONFIG": str(kubeconfig)}
+        argv += [f"--report-token-file={token_file}", *(scope if scoped else []), *extra]
+        env = os.environ | {"KUBECONFIG": str(credentials or kubeconfig)}
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(
                 *argv, stdout=out, stderr=subprocess.STDOUT, env=env
@@ -167,7 +193,8 @@ async def start_operator(tmp_path: Path, kubeconfig: Path) -> AsyncIterator[Star
 
     yield start
     for operator in started:
-        operator.process.terminate()
+        with contextlib.suppress(ProcessLookupError):  # it may have exited already
+            operator.process.terminate()
     for operator in started:
         try:  # kopf's graceful stop waits for handlers; the tests need not
             await asyncio.wait_for(operator.process.wait(), timeout=3)
@@ -179,9 +206,12 @@ async def start_operator(tmp_path: Path, kubeconfig: Path) -> AsyncIterator[Star
         )  # shown on failure
 
 
-async def _wait_alive(operator: Operator) -> None:
+async def _wait_alive(operator: Operator, *, within: float = 60.0) -> None:
+    """Poll the liveness endpoint; a loaded 2-core machine can take tens of seconds to import."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
     async with aiohttp.ClientSession() as session:
-        for _ in range(300):
+        while loop.time() < deadline:
             if operator.process.returncode is not None:
                 raise AssertionError(f"operator exited:\n{operator.output()}")
             try:
@@ -221,6 +251,20 @@ class Api:
 async def api(kube_url: str) -> AsyncIterator[Api]:
     async with aiohttp.ClientSession() as session:
         yield Api(session, kube_url)
+
+
+def live(kube: FleetKubernetes, plural: str, name: str) -> dict[str, Any] | None:
+    """An object in kmock by plural and name (any namespace), unless deleted."""
+    for (resource, _ns, obj_name), obj in kube.objects.items():
+        if obj_name == name and resource.plural == plural and not obj.deleted:
+            return dict(obj.raw)
+    return None
+
+
+def phase_of(kube: FleetKubernetes, name: str, phase: str) -> dict[str, Any] | None:
+    obj = live(kube, "fleetmodels", name)
+    status = (obj or {}).get("status") or {}
+    return status if status.get("phase") == phase else None
 
 
 FM = "/apis/serving.fleet.dev/v1alpha1/namespaces/default/fleetmodels"
@@ -275,3 +319,38 @@ def _node(name: str, labels: dict[str, str], allocatable: dict[str, str]) -> dic
             "conditions": [{"type": "Ready", "status": "True"}],
         },
     }
+
+
+@pytest.fixture(scope="session")
+def fleet_crd(kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> KubeCluster:
+    """The FleetModel CRD, applied once to the real API server by the real kubectl with
+    server-side field validation (so its schema and CEL rules are the server's), Established."""
+    assert KUBECTL is not None, "kubectl is needed to apply the CRD to the real API server"
+    crd_file = tmp_path_factory.mktemp("crd") / "crd.yaml"
+    crd_file.write_text(crd.render_yaml())
+    base = [KUBECTL, f"--kubeconfig={kube_cluster.kubeconfig}"]
+    apply = [*base, "apply", "--server-side", "--validate=strict", "-f", str(crd_file)]
+    subprocess.run(apply, check=True, capture_output=True)
+    established = "--for=condition=Established"
+    wait = [*base, "wait", established, "--timeout=30s", "crd/fleetmodels.serving.fleet.dev"]
+    subprocess.run(wait, check=True, capture_output=True)
+    return kube_cluster
+
+
+@pytest.fixture(params=["kmock", "real"])
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The API an end-to-end test runs against: kmock, then a real API server."""
+    if request.param == "kmock":
+        kube = request.getfixturevalue("kube")
+        api = request.getfixturevalue("api")
+        yield KmockCluster(kube, api, request.getfixturevalue("kubeconfig"))
+        return
+    yield request.getfixturevalue("real_cluster")
+
+
+@pytest.fixture
+def real_cluster(fleet_crd: KubeCluster, kube_namespace: str) -> Iterator[RealCluster]:
+    """The real API server (with the CRD), in a namespace of the test's own."""
+    real = RealCluster(fleet_crd, kube_namespace)
+    yield real
+    real.clean()

@@ -1,8 +1,11 @@
-"""The operator end to end: a real ``fleet-serving run`` process against kmock over HTTP.
+"""The operator end to end: a real ``fleet-serving run`` process against kmock, then against a
+real API server (``cluster``), over HTTP.
 
-The tests play the parts of a real cluster the emulator lacks (the Deployment controller's
-status, the EndpointSlice controller, the scheduler's pod conditions) by writing those objects
-through the API, and assert on the objects and reports that reach the API and the sink.
+On kmock the tests play the parts of a real cluster the emulator lacks (the Deployment
+controller's status, the EndpointSlice controller, the scheduler's pod conditions); on the real
+server those controllers are real and the tests play only the scheduler and the kubelet
+(:class:`cluster.RealCluster`). Assertions are on the objects and reports that reach the API and
+the sink.
 """
 
 from __future__ import annotations
@@ -14,13 +17,12 @@ import pytest
 
 from fleet_contract import InventoryReport
 
+from .cluster import Cluster
 from .conftest import (
     DEPLOYMENTS,
     FM,
     NODES,
     PODS,
-    SLICES,
-    Api,
     Operator,
     Sink,
     StartOperator,
@@ -29,49 +31,15 @@ from .conftest import (
     fleetmodel,
     gpu_node,
 )
-from .kube_emulator import FleetKubernetes
 
-pytestmark = pytest.mark.timeout(60)
-
-
-def live(kube: FleetKubernetes, plural: str, name: str) -> dict[str, Any] | None:
-    for (resource, _ns, obj_name), obj in kube.objects.items():
-        if obj_name == name and resource.plural == plural and not obj.deleted:
-            return dict(obj.raw)
-    return None
-
-
-def phase_of(kube: FleetKubernetes, name: str, phase: str) -> dict[str, Any] | None:
-    obj = live(kube, "fleetmodels", name)
-    status = (obj or {}).get("status") or {}
-    return status if status.get("phase") == phase else None
-
-
-def endpoint_slice(model: str, *ips: str, ready: bool = True) -> dict[str, Any]:
-    """What the EndpointSlice controller writes for the model's Service (labels mirrored)."""
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": f"{model}-abcde",
-            "namespace": "default",
-            "labels": {
-                "kubernetes.io/service-name": model,
-                "app.kubernetes.io/managed-by": "fleet-serving",
-                "serving.fleet.dev/model": model,
-            },
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": ready}} for ip in ips],
-    }
+pytestmark = pytest.mark.timeout(90)
 
 
 async def started(
-    api: Api, sink: tuple[Sink, str], start_operator: StartOperator, *nodes: dict[str, Any]
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator, *nodes: dict[str, Any]
 ) -> tuple[Sink, Operator]:
     for node in nodes:
-        await api.create(NODES, node)
+        await cluster.create(NODES, node)
     state, url = sink
     return state, await start_operator(url, "--resync=1s", "--report-interval=30s")
 
@@ -82,14 +50,14 @@ def reported(state: Sink, check: Any) -> InventoryReport | None:
 
 
 async def test_a_fleetmodel_becomes_a_deployment_a_service_and_ready(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
-    state, _ = await started(api, sink, start_operator, gpu_node("gpu-1"))
-    await api.create(FM, fleetmodel("qwen"))
+    state, _ = await started(cluster, sink, start_operator, gpu_node("gpu-1"))
+    await cluster.create(FM, fleetmodel("qwen"))
 
-    deployment = await eventually(lambda: live(kube, "deployments", "qwen"))
-    service = await eventually(lambda: live(kube, "services", "qwen"))
-    fm = live(kube, "fleetmodels", "qwen")
+    deployment = await eventually(lambda: cluster.live("deployments", "qwen"))
+    service = await eventually(lambda: cluster.live("services", "qwen"))
+    fm = cluster.live("fleetmodels", "qwen")
     assert fm is not None
     owner = deployment["metadata"]["ownerReferences"][0]
     assert owner["uid"] == fm["metadata"]["uid"]
@@ -106,13 +74,12 @@ async def test_a_fleetmodel_becomes_a_deployment_a_service_and_ready(
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
     assert service["spec"]["ports"][0]["port"] == 8000
-    await eventually(lambda: phase_of(kube, "qwen", "Pending"))
+    await eventually(lambda: cluster.phase_of("qwen", "Pending"))
 
-    # The Deployment controller and the EndpointSlice controller report one ready pod.
-    await api.patch(f"{DEPLOYMENTS}/qwen/status", {"status": {"readyReplicas": 1}})
-    await api.create(SLICES, endpoint_slice("qwen", "10.1.2.3"))
+    # One pod is ready: the Deployment and EndpointSlice controllers report it.
+    await cluster.serve("qwen", ["10.1.2.3"])
     status = await eventually(
-        lambda: (s := phase_of(kube, "qwen", "Ready")) and s["endpoints"] and s
+        lambda: (s := cluster.phase_of("qwen", "Ready")) and s["endpoints"] and s
     )
     assert status["readyReplicas"] == 1
     assert status["endpoints"] == ["http://10.1.2.3:8000"]
@@ -126,24 +93,24 @@ async def test_a_fleetmodel_becomes_a_deployment_a_service_and_ready(
 
 
 async def test_scaling_and_drift_update_the_deployment(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
-    await started(api, sink, start_operator, gpu_node("gpu-1"))
-    await api.create(FM, fleetmodel("qwen"))
-    await eventually(lambda: live(kube, "deployments", "qwen"))
+    await started(cluster, sink, start_operator, gpu_node("gpu-1"))
+    await cluster.create(FM, fleetmodel("qwen"))
+    await eventually(lambda: cluster.live("deployments", "qwen"))
 
-    await api.patch(f"{FM}/qwen", {"spec": {"replicas": 3, "engineArgs": ["--max-num-seqs=8"]}})
+    await cluster.patch(f"{FM}/qwen", {"spec": {"replicas": 3, "engineArgs": ["--max-num-seqs=8"]}})
     scaled = await eventually(
-        lambda: (d := live(kube, "deployments", "qwen")) and d["spec"]["replicas"] == 3 and d
+        lambda: (d := cluster.live("deployments", "qwen")) and d["spec"]["replicas"] == 3 and d
     )
     assert scaled["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--max-num-seqs=8"
 
     # Someone edits an owned object by hand; the resync puts it back.
     drift = {"spec": {"template": {"spec": {"containers": [{"name": "engine", "image": "evil"}]}}}}
-    await api.patch(f"{DEPLOYMENTS}/qwen", drift)
+    await cluster.patch(f"{DEPLOYMENTS}/qwen", drift)
     restored = await eventually(
         lambda: (
-            (d := live(kube, "deployments", "qwen"))
+            (d := cluster.live("deployments", "qwen"))
             and d["spec"]["template"]["spec"]["containers"][0]["image"] != "evil"
             and d
         )
@@ -152,71 +119,75 @@ async def test_scaling_and_drift_update_the_deployment(
 
 
 async def test_a_field_removed_from_the_spec_is_removed_from_the_deployment(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
-    await started(api, sink, start_operator, gpu_node("gpu-1"))
-    await api.create(FM, fleetmodel("qwen", nodeSelector={"pool": "h100", "zone": "a"}))
-    created = await eventually(lambda: live(kube, "deployments", "qwen"))
+    await started(cluster, sink, start_operator, gpu_node("gpu-1"))
+    await cluster.create(FM, fleetmodel("qwen", nodeSelector={"pool": "h100", "zone": "a"}))
+    created = await eventually(lambda: cluster.live("deployments", "qwen"))
     assert created["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "h100", "zone": "a"}
 
-    await api.patch(f"{FM}/qwen", {"spec": {"nodeSelector": {"pool": None}}})
+    await cluster.patch(f"{FM}/qwen", {"spec": {"nodeSelector": {"pool": None}}})
     narrowed = await eventually(
         lambda: (
-            (d := live(kube, "deployments", "qwen"))
+            (d := cluster.live("deployments", "qwen"))
             and d["spec"]["template"]["spec"].get("nodeSelector") == {"zone": "a"}
             and d
         )
     )
     assert narrowed["spec"]["replicas"] == 1
-    await api.patch(f"{FM}/qwen", {"spec": {"nodeSelector": None}})
+    await cluster.patch(f"{FM}/qwen", {"spec": {"nodeSelector": None}})
     await eventually(
         lambda: (
-            (d := live(kube, "deployments", "qwen"))
+            (d := cluster.live("deployments", "qwen"))
             and "nodeSelector" not in d["spec"]["template"]["spec"]
         )
     )
 
 
-def requests_to(kube: FleetKubernetes, method: str, path: str) -> int:
-    return sum(1 for r in kube if r.method.value == method and r.url.path == path)
+def resyncs(operator: Operator) -> int:
+    return operator.output().count("fleetmodel_resync' succeeded")
 
 
 async def test_a_quantity_the_api_server_rewrote_is_not_patched_back(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
-    await started(api, sink, start_operator, gpu_node("gpu-1"))
-    await api.create(FM, fleetmodel("qwen", resources={"requests": {"cpu": "0.5"}}))
-    created = await eventually(lambda: live(kube, "deployments", "qwen"))
-    # What a real API server stores for "0.5" is the canonical "500m" (a merge patch replaces the
-    # containers list whole, so the whole list is sent).
-    containers = created["spec"]["template"]["spec"]["containers"]
-    containers[0]["resources"]["requests"]["cpu"] = "500m"
-    path = f"{DEPLOYMENTS}/qwen"
-    await api.patch(path, {"spec": {"template": {"spec": {"containers": containers}}}})
-    gets, patches = requests_to(kube, "GET", path), requests_to(kube, "PATCH", path)
+    _, operator = await started(cluster, sink, start_operator, gpu_node("gpu-1"))
+    await cluster.create(FM, fleetmodel("qwen", resources={"requests": {"cpu": "0.5"}}))
+    created = await eventually(lambda: cluster.live("deployments", "qwen"))
+    if not cluster.real:
+        # What a real API server stores for "0.5" is the canonical "500m" (a merge patch replaces
+        # the containers list whole, so the whole list is sent).
+        containers = created["spec"]["template"]["spec"]["containers"]
+        containers[0]["resources"]["requests"]["cpu"] = "500m"
+        patch = {"spec": {"template": {"spec": {"containers": containers}}}}
+        await cluster.patch(f"{DEPLOYMENTS}/qwen", patch)
+    before = resyncs(operator)
+    patched = operator.output().count("Deployment patched")
     # Three resyncs (--resync=1s) look at the Deployment and leave it alone.
-    await eventually(lambda: requests_to(kube, "GET", path) >= gets + 3, within=10)
-    assert requests_to(kube, "PATCH", path) == patches
-    container = (live(kube, "deployments", "qwen") or {})["spec"]["template"]["spec"]
+    await eventually(lambda: resyncs(operator) >= before + 3, within=15)
+    assert operator.output().count("Deployment patched") == patched
+    container = (cluster.live("deployments", "qwen") or {})["spec"]["template"]["spec"]
     assert container["containers"][0]["resources"]["requests"]["cpu"] == "500m"
 
 
 async def test_no_fitting_node_is_scheduling_not_pending(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
     state, _ = await started(
-        api, sink, start_operator, gpu_node("p100", major=6, minor=0), cpu_node("cpu-1")
+        cluster, sink, start_operator, gpu_node("p100", major=6, minor=0), cpu_node("cpu-1")
     )
-    await api.create(FM, fleetmodel("qwen"))
-    status = await eventually(lambda: phase_of(kube, "qwen", "Scheduling"))
+    await cluster.create(FM, fleetmodel("qwen"))
+    status = await eventually(lambda: cluster.phase_of("qwen", "Scheduling"))
     assert "compute capability ≥ 7.5" in status["message"]
 
-    await api.create(FM, fleetmodel("big", gpusPerReplica=16))
-    await api.create(NODES, gpu_node("a100", gpus=8))
+    await cluster.create(FM, fleetmodel("big", gpusPerReplica=16))
+    await cluster.create(NODES, gpu_node("a100", gpus=8))
     too_big = "needs 16 GPUs per replica; the largest eligible node has 8"
-    await eventually(lambda: (s := phase_of(kube, "big", "Scheduling")) and s["message"] == too_big)
+    await eventually(
+        lambda: (s := cluster.phase_of("big", "Scheduling")) and s["message"] == too_big
+    )
     # The new node fixes the first model: it is placed now, so Pending (starting), not Scheduling.
-    await eventually(lambda: phase_of(kube, "qwen", "Pending"))
+    await eventually(lambda: cluster.phase_of("qwen", "Pending"))
     phases = {"big": "Scheduling", "qwen": "Pending"}
     report = await eventually(
         lambda: reported(state, lambda r: {d.name: d.phase for d in r.deployments} == phases)
@@ -225,81 +196,59 @@ async def test_no_fitting_node_is_scheduling_not_pending(
 
 
 async def test_an_unschedulable_pod_is_surfaced(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
-    await started(api, sink, start_operator, gpu_node("gpu-1"))
-    await api.create(FM, fleetmodel("qwen"))
-    await eventually(lambda: phase_of(kube, "qwen", "Pending"))
+    await started(cluster, sink, start_operator, gpu_node("gpu-1"))
+    await cluster.create(FM, fleetmodel("qwen"))
+    await eventually(lambda: cluster.phase_of("qwen", "Pending"))
     message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "qwen-7d9f-x1",
-            "namespace": "default",
-            "labels": {
-                "app.kubernetes.io/managed-by": "fleet-serving",
-                "serving.fleet.dev/model": "qwen",
-            },
-        },
-        "status": {
-            "phase": "Pending",
-            "conditions": [
-                {
-                    "type": "PodScheduled",
-                    "status": "False",
-                    "reason": "Unschedulable",
-                    "message": message,
-                }
-            ],
-        },
-    }
-    await api.create(PODS, pod)
-    status = await eventually(lambda: phase_of(kube, "qwen", "Scheduling"))
+    pod = await cluster.unschedulable("qwen", message)
+    status = await eventually(lambda: cluster.phase_of("qwen", "Scheduling"))
     assert status["message"] == message
     assert status["reason"] == "Unschedulable"
-    await api.delete(f"{PODS}/qwen-7d9f-x1")
-    await eventually(lambda: phase_of(kube, "qwen", "Pending"))
+    await cluster.delete(f"{PODS}/{pod}")
+    await eventually(lambda: cluster.phase_of("qwen", "Pending"))
 
 
 async def test_wrong_weight_format_fails_with_the_reason(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
-    await started(api, sink, start_operator, gpu_node("gpu-1"))
-    await api.create(FM, fleetmodel("gemma", weightFormat="gguf"))
-    status = await eventually(lambda: phase_of(kube, "gemma", "Failed"))
+    await started(cluster, sink, start_operator, gpu_node("gpu-1"))
+    await cluster.create(FM, fleetmodel("gemma", weightFormat="gguf"))
+    status = await eventually(lambda: cluster.phase_of("gemma", "Failed"))
     assert status["message"] == "vllm serves safetensors; this model is gguf"
-    assert live(kube, "deployments", "gemma") is None
+    assert cluster.live("deployments", "gemma") is None
 
 
 async def test_deleting_a_fleetmodel_removes_what_it_made(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
-    state, _ = await started(api, sink, start_operator, gpu_node("gpu-1"))
-    await api.create(FM, fleetmodel("qwen", engine="llamacpp", weightFormat="gguf"))
-    await eventually(lambda: live(kube, "services", "qwen"))
+    state, _ = await started(cluster, sink, start_operator, gpu_node("gpu-1"))
+    await cluster.create(FM, fleetmodel("qwen", engine="llamacpp", weightFormat="gguf"))
+    await eventually(lambda: cluster.live("services", "qwen"))
     await eventually(lambda: reported(state, lambda r: len(r.deployments) == 1))
 
-    await api.delete(f"{FM}/qwen")
-    await eventually(lambda: live(kube, "fleetmodels", "qwen") is None)
-    await eventually(lambda: live(kube, "deployments", "qwen") is None)
-    await eventually(lambda: live(kube, "services", "qwen") is None)
+    await cluster.delete(f"{FM}/qwen")
+    await eventually(lambda: cluster.live("fleetmodels", "qwen") is None)
+    await eventually(lambda: cluster.live("deployments", "qwen") is None)
+    await eventually(lambda: cluster.live("services", "qwen") is None)
     await eventually(lambda: reported(state, lambda r: not r.deployments))
 
 
 async def test_a_replica_change_reaches_the_report_within_2s(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
-    state, _ = await started(api, sink, start_operator, gpu_node("gpu-1"))
-    await api.create(FM, fleetmodel("qwen", replicas=2))
-    await api.create(SLICES, endpoint_slice("qwen", "10.0.0.1"))
+    state, _ = await started(cluster, sink, start_operator, gpu_node("gpu-1"))
+    await cluster.create(FM, fleetmodel("qwen", replicas=2))
+    await eventually(lambda: cluster.live("deployments", "qwen"))
+    await cluster.serve("qwen", ["10.0.0.1"])
     await eventually(
         lambda: reported(state, lambda r: r.deployments and r.deployments[0].endpoints)
     )
 
     loop = asyncio.get_running_loop()
     changed_at = loop.time()
-    await api.patch(f"{SLICES}/qwen-abcde", endpoint_slice("qwen", "10.0.0.1", "10.0.0.2"))
+    await cluster.serve("qwen", ["10.0.0.1", "10.0.0.2"])
 
     def two(report: InventoryReport) -> bool:
         return len([e for e in report.deployments[0].endpoints if e.ready]) == 2
@@ -309,11 +258,13 @@ async def test_a_replica_change_reaches_the_report_within_2s(
 
 
 async def test_control_plane_down_is_retried_not_fatal(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
     state, _ = sink
     state.failures = 3  # the control plane answers 503 three times, then recovers
-    operator = (await started(api, sink, start_operator, gpu_node("gpu-1"), cpu_node("cpu-1")))[1]
+    operator = (await started(cluster, sink, start_operator, gpu_node("gpu-1"), cpu_node("cpu-1")))[
+        1
+    ]
     report = await eventually(lambda: reported(state, lambda r: len(r.nodes) == 2))
     assert state.failures == 0
     assert operator.process.returncode is None

@@ -23,9 +23,19 @@ import pytest
 
 from fleet_testing.fix_s3 import S3Server
 
-from .conftest import FM, NODES, Api, StartOperator, cpu_node, eventually, fleetmodel, free_port
+from .conftest import (
+    FM,
+    NODES,
+    Api,
+    StartOperator,
+    cpu_node,
+    eventually,
+    fleetmodel,
+    free_port,
+    live,
+    phase_of,
+)
 from .kube_emulator import FleetKubernetes
-from .test_operator_e2e import live, phase_of
 
 pytestmark = pytest.mark.timeout(90)
 
