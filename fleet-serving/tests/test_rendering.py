@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -34,7 +35,7 @@ def test_vllm_deployment_runs_the_openai_server_with_its_key_from_a_secret() -> 
     assert d["spec"]["replicas"] == 2
     assert c["image"].startswith("vllm/vllm-openai:")
     assert c["args"] == [
-        "--model", "Qwen/Qwen3-8B", "--revision", "abc123",
+        "Qwen/Qwen3-8B", "--revision", "abc123",
         "--served-model-name", "qwen", "--host", "0.0.0.0", "--port", "8000",
         "--tensor-parallel-size", "2", "--max-model-len=8192",
     ]  # fmt: skip
@@ -74,7 +75,8 @@ def test_llamacpp_serves_gguf_with_no_compute_floor_and_its_own_key_variable() -
     assert "affinity" not in pod
     assert "nodeSelector" not in pod
     assert "tolerations" not in pod
-    assert c["image"].startswith("ghcr.io/ggml-org/llama.cpp:server")
+    assert c["image"] == f"ghcr.io/ggml-org/llama.cpp:server-{profiles.LLAMACPP_BUILD}"
+    assert "annotations" not in d["spec"]["template"]["metadata"]  # /metrics needs the key
     assert c["env"][0]["name"] == "LLAMA_API_KEY"
     assert c["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "shared-keys", "key": "gemma"}
     assert c["args"][:4] == ["--model", "/models/model.gguf", "--alias", "qwen"]
@@ -82,6 +84,24 @@ def test_llamacpp_serves_gguf_with_no_compute_floor_and_its_own_key_variable() -
     (fetch,) = pod["initContainers"]
     assert fetch["args"] == ["s3", "cp", "s3://models/gemma/gemma-3-270m.gguf",
                              "/models/model.gguf"]  # fmt: skip
+
+
+def test_llamacpp_with_gpus_runs_the_cuda_build() -> None:
+    s = spec(engine="llamacpp", weightFormat="gguf", gpusPerReplica=1,
+             source={"huggingFace": {"repo": "unsloth/Qwen3-8B-GGUF"}})  # fmt: skip
+    c = container(rendering.deployment(OWNER, s, profiles.check(s)))
+    assert c["image"] == f"ghcr.io/ggml-org/llama.cpp:server-cuda-{profiles.LLAMACPP_BUILD}"
+    assert c["args"][c["args"].index("--n-gpu-layers") + 1] == "999"
+
+
+def test_every_rendered_image_is_pinned_to_a_version() -> None:
+    cases = [spec(), spec(engine="llamacpp", weightFormat="gguf", gpusPerReplica=0,
+                          source={"uri": "s3://models/m.gguf"})]  # fmt: skip
+    for s in cases:
+        pod = rendering.deployment(OWNER, s, profiles.check(s))["spec"]["template"]["spec"]
+        for c in pod["containers"] + pod.get("initContainers", []):
+            tag = c["image"].rsplit(":", 1)[-1]
+            assert re.fullmatch(r"v?\d+\.\d+\.\d+|server-(cuda-)?b\d+", tag), c["image"]
 
 
 def test_owned_objects_carry_the_owner_reference_and_labels() -> None:

@@ -80,7 +80,7 @@ def test_vllm_loads_the_fetched_folder() -> None:
     d = rendering.deployment(OWNER, s, profiles.check(s), resolved(stored=files,
                                                                  format="safetensors"))  # fmt: skip
     pod = d["spec"]["template"]["spec"]
-    assert pod["containers"][0]["args"][:2] == ["--model", "/models"]
+    assert pod["containers"][0]["args"][:2] == ["/models", "--served-model-name"]
     assert pod["initContainers"][0]["args"][0::3] == ["config.json", "model.safetensors"]
 
 

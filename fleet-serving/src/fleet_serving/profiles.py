@@ -15,10 +15,23 @@ from fleet_serving.errors import InvalidSpec
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import FleetModelSpec
 
-__all__ = ["LLAMACPP", "PROFILES", "VLLM", "EngineProfile", "check", "engine_args", "profile_for"]
+__all__ = [
+    "LLAMACPP",
+    "PROFILES",
+    "VLLM",
+    "EngineProfile",
+    "check",
+    "engine_args",
+    "image_for",
+    "profile_for",
+]
 
 MODEL_DIR = "/models"
 """Where an ``s3://`` or ``registry:`` source is copied before the engine starts."""
+
+
+LLAMACPP_BUILD = "b6800"
+"""The llama.cpp release whose ``server`` images are run: pinned, never a floating tag."""
 
 
 class EngineProfile(msgspec.Struct, kw_only=True, frozen=True):
@@ -27,6 +40,11 @@ class EngineProfile(msgspec.Struct, kw_only=True, frozen=True):
     engine: Engine
     weight_format: WeightFormat
     image: str
+    gpu_image: str | None = None
+    """The image to run when GPUs are requested, if not ``image`` (llama.cpp's CUDA build)."""
+    metrics_open: bool = True
+    """Whether ``/metrics`` answers without the API key (vLLM's does; llama-server's does not,
+    so Prometheus annotations would only collect 401s)."""
     port: int
     api_key_env: str
     """The variable the engine reads its API key from (never a flag: argv is world-readable)."""
@@ -47,10 +65,12 @@ VLLM = EngineProfile(
 LLAMACPP = EngineProfile(
     engine="llamacpp",
     weight_format="gguf",
-    image="ghcr.io/ggml-org/llama.cpp:server",
+    image=f"ghcr.io/ggml-org/llama.cpp:server-{LLAMACPP_BUILD}",
+    gpu_image=f"ghcr.io/ggml-org/llama.cpp:server-cuda-{LLAMACPP_BUILD}",
     port=8080,
     api_key_env="LLAMA_API_KEY",
     min_compute=None,
+    metrics_open=False,
 )
 PROFILES: dict[str, EngineProfile] = {p.engine: p for p in (VLLM, LLAMACPP)}
 
@@ -72,16 +92,25 @@ def check(spec: FleetModelSpec) -> EngineProfile:
     return profile
 
 
+def image_for(spec: FleetModelSpec, profile: EngineProfile) -> str:
+    """The spec's own image, else the profile's (its GPU build when GPUs are requested)."""
+    if spec.image:
+        return spec.image
+    if spec.gpus_per_replica > 0 and profile.gpu_image:
+        return profile.gpu_image
+    return profile.image
+
+
 def _model_args(
     spec: FleetModelSpec, profile: EngineProfile, registry: RegistryWeights | None
 ) -> list[str]:
     """Where the engine loads from: the Hugging Face hub itself, or the folder filled before it
     starts (a ``registry:`` source needs ``registry``, the resolved model)."""
     hf = spec.source.hugging_face
-    if profile.engine == "vllm":
+    if profile.engine == "vllm":  # `vllm serve MODEL`: its --model flag is deprecated
         if hf is not None:
-            return ["--model", hf.repo, "--revision", hf.revision]
-        return ["--model", MODEL_DIR]
+            return [hf.repo, "--revision", hf.revision]
+        return [MODEL_DIR]
     if hf is not None:
         return ["--hf-repo", hf.repo]
     if spec.source.uri is not None:

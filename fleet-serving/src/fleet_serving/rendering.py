@@ -28,6 +28,8 @@ __all__ = [
 MODEL_LABEL = f"{GROUP}/model"
 """Set on every object the operator makes; its value is the FleetModel's name."""
 GPU_RESOURCE = "nvidia.com/gpu"
+AWS_CLI_IMAGE = "amazon/aws-cli:2.31.0"
+"""Copies ``s3://`` sources; pinned like every image the operator renders."""
 COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"
 COMPUTE_MINOR = "nvidia.com/gpu.compute.minor"
 Obj = dict[str, Any]
@@ -111,7 +113,7 @@ def _container(
     }
     return {
         "name": "engine",
-        "image": spec.image or profile.image,
+        "image": profiles.image_for(spec, profile),
         "args": profiles.engine_args(spec, profile, registry),
         "ports": [{"name": "http", "containerPort": profile.port, "protocol": "TCP"}],
         "env": [{"name": profile.api_key_env, "valueFrom": {"secretKeyRef": key_ref}}],
@@ -148,7 +150,7 @@ def _fetcher(spec: FleetModelSpec, registry: RegistryWeights | None) -> list[Obj
     else:
         target, extra = profiles.MODEL_DIR, ["--recursive"]
     command = ["aws", "s3", "cp", spec.source.uri, target, *extra]
-    return [{"name": "fetch-weights", "image": "amazon/aws-cli:2", "args": command[1:]}
+    return [{"name": "fetch-weights", "image": AWS_CLI_IMAGE, "args": command[1:]}
             | {"volumeMounts": mounts}]  # fmt: skip
 
 
@@ -195,11 +197,18 @@ def deployment(
     if spec.source.registry is not None and registry is None:
         raise ValueError("a registry: source is rendered only once resolved")
     labels = common_labels(owner.name)
-    annotations = {
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(profile.port),
-        "prometheus.io/path": "/metrics",
-    }
+    # Scrape annotations only where /metrics answers without the engine's key (vLLM): a
+    # llama-server behind --api-key answers 401, so scraping it needs the key (a ServiceMonitor
+    # with the Secret as its bearer token), not annotations.
+    annotations = (
+        {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(profile.port),
+            "prometheus.io/path": "/metrics",
+        }
+        if profile.metrics_open
+        else {}
+    )
     # GPUs are scarce: replace a pod before starting its successor rather than needing spares.
     strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     return {
@@ -211,7 +220,8 @@ def deployment(
             "selector": {"matchLabels": {MODEL_LABEL: owner.name}},
             "strategy": strategy,
             "template": {
-                "metadata": {"labels": labels, "annotations": annotations},
+                "metadata": {"labels": labels}
+                | ({"annotations": annotations} if annotations else {}),
                 "spec": _pod_spec(owner, spec, profile, registry),
             },
         },
@@ -229,6 +239,7 @@ def service(owner: Owner, profile: EngineProfile) -> Obj:
             "type": "ClusterIP",
             "selector": {MODEL_LABEL: owner.name},
             "ports": [port],
-            "publishNotReadyAddresses": False,
+            # Not ``publishNotReadyAddresses: false``: the default, which a real API server
+            # omits (omitempty), so rendering it would look like drift at every resync.
         },
     }
