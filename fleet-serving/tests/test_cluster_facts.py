@@ -76,6 +76,59 @@ def test_time_sliced_gpus_count_as_physical_ones_in_the_report() -> None:
     assert seen.gpus == 32  # the scheduler still places by the advertised slices
 
 
+def container(name: str, state: dict[str, Any], last: dict[str, Any] | None = None) -> Any:
+    return {"name": name, "state": state, "lastState": last or {}}
+
+
+@pytest.mark.parametrize(
+    ("status", "problem"),
+    [
+        ({"containerStatuses": [container("engine", {"running": {}})]}, None),
+        ({"containerStatuses": [container("engine", {"waiting": {"reason": "ContainerCreating"}})]},
+         None),
+        ({"containerStatuses": [container("engine", {"waiting": {
+            "reason": "CreateContainerConfigError", "message": 'secret "k" not found'}})]},
+         ("CreateContainerConfigError",
+          'container engine: CreateContainerConfigError: secret "k" not found')),
+        ({"initContainerStatuses": [container("fetch-weights", {"running": {}},
+                                              {"terminated": {"exitCode": 1, "reason": "Error"}})]},
+         ("FetchWeightsFailed", "init container fetch-weights exited with 1: Error")),
+        ({"initContainerStatuses": [container("fetch-weights", {"waiting": {
+            "reason": "CrashLoopBackOff"}})]},
+         ("FetchWeightsFailed",
+          "init container fetch-weights: CrashLoopBackOff: CrashLoopBackOff")),
+    ],
+)  # fmt: skip
+def test_why_a_pod_does_not_start(status: dict[str, Any], problem: Any) -> None:
+    assert observing.pod_problem({"status": status}) == problem
+
+
+def test_a_stalled_rollout() -> None:
+    condition = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                 "message": "timed out"}  # fmt: skip
+    facts = observing.deployment_facts({"spec": {"replicas": 2},
+                                        "status": {"conditions": [condition]}})  # fmt: skip
+    assert (facts.desired, facts.ready, facts.stalled) == (2, 0, "timed out")
+
+
+@pytest.mark.parametrize(
+    ("metadata", "status", "rolled_out"),
+    [
+        ({"generation": 2}, {"observedGeneration": 2, "updatedReplicas": 2, "readyReplicas": 2},
+         True),
+        ({"generation": 3}, {"observedGeneration": 2, "updatedReplicas": 2, "readyReplicas": 2},
+         False),
+        ({"generation": 2}, {"observedGeneration": 2, "updatedReplicas": 1, "readyReplicas": 2},
+         False),
+    ],
+)  # fmt: skip
+def test_ready_replicas_count_once_the_current_spec_is_rolled_out(
+    metadata: dict[str, int], status: dict[str, int], rolled_out: bool
+) -> None:
+    body = {"metadata": metadata, "spec": {"replicas": 2}, "status": status}
+    assert observing.deployment_facts(body).rolled_out is rolled_out
+
+
 def nodes(*bodies: dict[str, Any]) -> list[observing.ObservedNode]:
     return [observing.observe_node(b) for b in bodies]
 
@@ -108,11 +161,20 @@ def test_placement(fields: dict[str, Any], cluster: list[Any], reason: str | Non
     ("seen", "phase", "reason"),
     [
         (statuses.Observation(generation=1, spec_error="bad"), "Failed", "InvalidSpec"),
-        (statuses.Observation(generation=1, unplaceable="no"), "Scheduling", "NoFittingNode"),
+        (statuses.Observation(generation=1, unplaceable="no", desired=1), "Scheduling",
+         "NoFittingNode"),
         (statuses.Observation(generation=1, unschedulable="no", desired=1), "Scheduling",
          "Unschedulable"),
         (statuses.Observation(generation=1, desired=2, ready=1), "Pending", "Starting"),
+        (statuses.Observation(generation=1, desired=1, not_starting=("ImagePullBackOff", "x")),
+         "Pending", "ImagePullBackOff"),
+        (statuses.Observation(generation=1, blocked=("ForeignObject", "x")), "Failed",
+         "ForeignObject"),
         (statuses.Observation(generation=1, desired=2, ready=2), "Ready", "ReplicasReady"),
+        (statuses.Observation(generation=1, desired=2, ready=2, rolled_out=False), "Pending",
+         "RollingOut"),
+        (statuses.Observation(generation=1, desired=1, ready=1, unplaceable="lost a GPU"),
+         "Ready", "ReplicasReady"),
     ],
 )  # fmt: skip
 def test_phases(seen: statuses.Observation, phase: str, reason: str) -> None:

@@ -29,6 +29,12 @@ _SOURCE_RULE = {
 }
 
 
+_NAME_RULE = {
+    "rule": f"size(self.metadata.name) <= 63 && self.metadata.name.matches('{spec.NAME_PATTERN}')",
+    "message": spec.NAME_RULE,
+}
+
+
 def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if "$ref" in node:
         return _structural(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
@@ -70,6 +76,7 @@ def openapi_schema() -> dict[str, Any]:
     spec_schema["properties"]["source"]["x-kubernetes-validations"] = [_SOURCE_RULE]
     return {
         "type": "object",
+        "x-kubernetes-validations": [_NAME_RULE],
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string"},

@@ -4,7 +4,9 @@
 
     FleetServingError
     ├── InvalidSpec          a FleetModel that can never run as written (permanent)
+    │   └── Rejected         the API server refused an object rendered from it (4xx, not 409/429)
     ├── ConfigError          a command line or environment that cannot work (refuse to start)
+    ├── ForeignObject        an object the operator would make exists and is not its own
     └── KubernetesError      the API answered with an error (temporary unless 4xx-permanent)
         └── Conflict         409: someone else changed or created the object first
 
@@ -15,7 +17,15 @@ module that talks to the API; handlers turn them into ``kopf.TemporaryError`` /
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "Conflict", "FleetServingError", "InvalidSpec", "KubernetesError"]
+__all__ = [
+    "ConfigError",
+    "Conflict",
+    "FleetServingError",
+    "ForeignObject",
+    "InvalidSpec",
+    "KubernetesError",
+    "Rejected",
+]
 
 
 class FleetServingError(Exception):
@@ -24,6 +34,17 @@ class FleetServingError(Exception):
 
 class InvalidSpec(FleetServingError):
     """The spec cannot run as written; the message is shown in the FleetModel's status."""
+
+
+class Rejected(InvalidSpec):
+    """The API server answered 4xx (other than 404, 409 and 429) to an object rendered from the
+    spec: retrying the same object cannot help; the message, the server's, goes to the status."""
+
+
+class ForeignObject(FleetServingError):
+    """An object of the name the operator renders exists without this FleetModel as its
+    controller: it is never adopted or patched (the garbage collector would delete it with the
+    FleetModel); the status names it until it is removed or renamed."""
 
 
 class ConfigError(FleetServingError):
@@ -39,8 +60,9 @@ class KubernetesError(FleetServingError):
 
     @property
     def retryable(self) -> bool:
-        """Conflicts, throttling, and server-side failures may heal by themselves."""
-        return self.status in (0, 409, 429) or self.status >= 500
+        """Conflicts, throttling, a missing parent (404: a namespace not there yet or any more)
+        and server-side failures may heal by themselves; any other 4xx will not."""
+        return self.status in (0, 404, 409, 429) or self.status >= 500
 
 
 class Conflict(KubernetesError):

@@ -20,10 +20,10 @@ import msgspec
 
 from fleet_serving import observing, profiles, rendering, sources, statuses
 from fleet_serving.control_plane import WeightsClient, WeightsUnavailable
-from fleet_serving.errors import InvalidSpec, KubernetesError
+from fleet_serving.errors import ForeignObject, InvalidSpec, KubernetesError, Rejected
 from fleet_serving.kube import Kube
 from fleet_serving.sources import RegistryWeights
-from fleet_serving.spec import GROUP, PLURAL, VERSION, FleetModelSpec, decode_spec
+from fleet_serving.spec import GROUP, PLURAL, VERSION, FleetModelSpec, check_name, decode_spec
 from fleet_serving.view import ClusterView, Key, SourceIssue
 
 __all__ = ["Deps", "build_registry"]
@@ -75,6 +75,7 @@ async def reconcile(body: kopf.Body, deps: Deps, logger: Any) -> None:
     assert seen is not None
     key = (seen.namespace, seen.name)
     try:
+        check_name(seen.name)
         spec = decode_spec(body.get("spec") or {})
         profile = profiles.check(spec)
     except InvalidSpec:
@@ -82,16 +83,35 @@ async def reconcile(body: kopf.Body, deps: Deps, logger: Any) -> None:
         raise
     registry = await _resolve_registry(deps, key, spec)
     owner = rendering.Owner(name=seen.name, namespace=seen.namespace, uid=body.metadata.uid or "")
+    desired = [
+        rendering.deployment(owner, spec, profile, registry),
+        rendering.service(owner, profile),
+    ]
+    await _apply(deps, key, desired, logger)
+    await publish_status(deps, key)
+
+
+async def _apply(deps: Deps, key: Key, desired: list[dict[str, Any]], logger: Any) -> None:
+    """Create or patch each object. What can heal by itself is retried soon; a foreign object in
+    the way (ForeignObject) and a refused object (Rejected) go to the status as Failed."""
     try:
-        for desired in (
-            rendering.deployment(owner, spec, profile, registry),
-            rendering.service(owner, profile),
-        ):
-            done = await deps.kube.ensure(desired)
+        for obj in desired:
+            done = await deps.kube.ensure(obj)
             if done != "unchanged":
-                logger.info(f"{desired['kind']} {done}")
+                logger.info(f"{obj['kind']} {done}")
+    except ForeignObject as exc:
+        await _blocked(deps, key, "ForeignObject", str(exc))
+        raise kopf.TemporaryError(str(exc), delay=30) from exc  # heals when it is removed
     except KubernetesError as exc:
-        raise _temporary(exc) from exc
+        if exc.retryable:
+            raise _temporary(exc) from exc
+        await _blocked(deps, key, "Rejected", str(exc))
+        raise Rejected(str(exc)) from exc
+    deps.view.put_apply_issue(key, None)
+
+
+async def _blocked(deps: Deps, key: Key, reason: str, message: str) -> None:
+    deps.view.put_apply_issue(key, (reason, message))
     await publish_status(deps, key)
 
 
@@ -188,8 +208,8 @@ def build_registry(*, resync_seconds: float = 60.0) -> kopf.OperatorRegistry:
     async def pod_seen(body: kopf.Body, type: str | None, memo: Deps, **_: Any) -> None:
         key = _model_of(body)
         gone = type == "DELETED"
-        message = None if gone else observing.unschedulable_message(body)
-        if memo.view.put_pod(key, body.metadata.name or "", message):
+        problem = None if gone else observing.pod_problem(body)
+        if memo.view.put_pod(key, body.metadata.name or "", problem):
             await publish_status(memo, key)
 
     return registry

@@ -8,6 +8,7 @@ and deciding whether and how to patch is pure (:mod:`fleet_serving.applying`).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -17,10 +18,10 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fleet_serving import applying
-from fleet_serving.errors import Conflict, KubernetesError
+from fleet_serving.errors import Conflict, ForeignObject, KubernetesError
 from fleet_serving.spec import GROUP, PLURAL, VERSION
 
-__all__ = ["Kube", "object_path"]
+__all__ = ["Kube", "controlled_by", "object_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,23 @@ def object_path(api_version: str, kind: str, namespace: str, name: str | None = 
     """The REST path of a collection, or of one object when ``name`` is given."""
     base = _COLLECTIONS[(api_version, kind)].format(ns=namespace)
     return f"{base}/{name}" if name else base
+
+
+def _message(body: Any) -> str:
+    """The API server's own explanation from a Status body (what was invalid, and why)."""
+    try:
+        message = json.loads(body).get("message") if body else None
+    except (ValueError, AttributeError):
+        return ""
+    return f": {message}" if isinstance(message, str) and message else ""
+
+
+def controlled_by(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """True when ``actual`` names the controller that ``desired``'s ownerReference names."""
+    wanted = {ref.get("uid") for ref in desired["metadata"].get("ownerReferences") or []
+              if ref.get("controller")}  # fmt: skip
+    refs = (actual.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("controller") and ref.get("uid") in wanted for ref in refs)
 
 
 class Kube:
@@ -60,7 +78,8 @@ class Kube:
             )
         except ApiException as exc:
             kind = Conflict if exc.status == 409 else KubernetesError
-            raise kind(f"{method} {path}: {exc.status} {exc.reason}", status=exc.status) from exc
+            said = f"{exc.status} {exc.reason}{_message(exc.body)}"
+            raise kind(f"{method} {path}: {said}", status=exc.status) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise KubernetesError(f"{method} {path}: {exc}", status=0) from exc
         return dict(result or {})
@@ -77,6 +96,10 @@ class Kube:
     async def ensure(self, desired: Mapping[str, Any]) -> str:
         """Create ``desired`` or patch it back into shape; returns what was done.
 
+        An object of that name that ``desired``'s controller does not control is left alone
+        (:class:`ForeignObject`): patching would adopt it, and garbage collection would then
+        delete it with the FleetModel.
+
         What is applied is recorded on the object, so a key dropped from ``desired`` since the
         last application is deleted from the live object too (:mod:`fleet_serving.applying`).
         """
@@ -88,6 +111,11 @@ class Kube:
         if actual is None:
             await self._call("POST", object_path(version, kind, meta["namespace"]), body)
             return "created"
+        if not controlled_by(actual, desired):
+            raise ForeignObject(
+                f"{kind} {meta['namespace']}/{meta['name']} exists and is not controlled by this "
+                "FleetModel; the operator does not adopt it: delete or rename it"
+            )
         if not applying.drifted(body, actual):  # the applied record is part of ``body``
             return "unchanged"
         await self._call("PATCH", path, applying.merge_patch(applying.previous(actual), body))

@@ -15,9 +15,12 @@ import msgspec
 from fleet_contract import Endpoint, Gpu, MigSlice, Node, NodeLabels
 
 __all__ = [
+    "PROBLEM_REASONS",
+    "DeploymentFacts",
     "ObservedNode",
+    "deployment_facts",
     "observe_node",
-    "ready_count",
+    "pod_problem",
     "slice_endpoints",
     "unschedulable_message",
 ]
@@ -123,10 +126,80 @@ def slice_endpoints(obj: Mapping[str, Any]) -> tuple[Endpoint, ...]:
     return tuple(found)
 
 
-def ready_count(deployment: Mapping[str, Any]) -> tuple[int, int]:
-    """(desired, ready) replicas of a Deployment."""
+class DeploymentFacts(msgspec.Struct, kw_only=True, frozen=True):
+    """What a Deployment's status says about its rollout."""
+
+    desired: int
+    ready: int
+    stalled: str | None = None
+    """The controller's message when the rollout passed its progress deadline."""
+    rolled_out: bool = True
+    """The controller has seen the current spec (observedGeneration) and every replica runs it
+    (updatedReplicas): until then ready replicas may be the previous spec's."""
+
+
+def deployment_facts(deployment: Mapping[str, Any]) -> DeploymentFacts:
+    """Desired and ready replicas of a Deployment, and whether its rollout is stalled."""
     spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
-    return int(spec.get("replicas", 1)), int(status.get("readyReplicas") or 0)
+    desired = int(spec.get("replicas", 1))
+    generation = int((deployment.get("metadata") or {}).get("generation") or 0)
+    observed = int(status.get("observedGeneration") or 0)
+    updated = int(status.get("updatedReplicas") or 0)
+    stalled = next(
+        (str(c.get("message") or "the rollout made no progress")
+         for c in status.get("conditions") or []
+         if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"),
+        None,
+    )  # fmt: skip
+    return DeploymentFacts(
+        desired=desired,
+        ready=int(status.get("readyReplicas") or 0),
+        stalled=stalled,
+        rolled_out=observed >= generation and updated >= desired,
+    )
+
+
+PROBLEM_REASONS = frozenset({
+    "CreateContainerConfigError", "CreateContainerError", "ImagePullBackOff", "ErrImagePull",
+    "InvalidImageName", "CrashLoopBackOff", "RunContainerError",
+})  # fmt: skip
+"""Kubelet waiting reasons that mean a container will not start without a change."""
+
+
+def _init_reason(name: str) -> str:
+    return "FetchWeightsFailed" if name == "fetch-weights" else "InitContainerFailed"
+
+
+def _container_problem(status: Mapping[str, Any], *, init: bool) -> tuple[str, str] | None:
+    name = str(status.get("name") or "?")
+    what = f"init container {name}" if init else f"container {name}"
+    state = status.get("state") or {}
+    waiting = state.get("waiting") or {}
+    reason = str(waiting.get("reason") or "")
+    if reason in PROBLEM_REASONS:
+        detail = f"{what}: {reason}: {waiting.get('message') or reason}"
+        return (_init_reason(name) if init else reason), detail
+    ended = (status.get("lastState") or {}).get("terminated") or state.get("terminated") or {}
+    if init and ended.get("exitCode") not in (None, 0):
+        said = ended.get("message") or ended.get("reason") or "no message"
+        return _init_reason(name), f"{what} exited with {ended['exitCode']}: {said}"
+    return None
+
+
+def pod_problem(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Why a pod does not start, as (reason, message): the scheduler's Unschedulable, a failing
+    init container (``fetch-weights``), or a container the kubelet cannot start or keeps
+    restarting (a missing Secret, an image that cannot be pulled, a crash loop); else None."""
+    message = unschedulable_message(pod)
+    if message is not None:
+        return "Unschedulable", message
+    status = pod.get("status") or {}
+    for init, key in ((True, "initContainerStatuses"), (False, "containerStatuses")):
+        for container in status.get(key) or []:
+            found = _container_problem(container, init=init)
+            if found is not None:
+                return found
+    return None
 
 
 def unschedulable_message(pod: Mapping[str, Any]) -> str | None:

@@ -7,6 +7,7 @@ the operator trusts cannot drift apart (a test regenerates ``deploy/base/crd.yam
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -29,6 +30,7 @@ __all__ = [
     "SecretKeyRef",
     "Source",
     "Toleration",
+    "check_name",
     "decode_spec",
 ]
 
@@ -39,6 +41,13 @@ KIND = "FleetModel"
 PLURAL = "fleetmodels"
 SINGULAR = "fleetmodel"
 SHORT_NAMES = ("fm",)
+
+NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_RULE = (
+    "metadata.name names the model's Service, so it must be a DNS-1035 label: at most 63 "
+    "lowercase letters, digits or '-', starting with a letter and not ending with '-' "
+    "(e.g. llama-3-1-8b; the model keeps its own name in spec.servedModelName)"
+)
 
 NonNegative = Annotated[int, Meta(ge=0)]
 Text = Annotated[str, Meta(min_length=1, max_length=253)]
@@ -149,3 +158,11 @@ def decode_spec(spec: Mapping[str, Any]) -> FleetModelSpec:
     if len(chosen) != 1:
         raise InvalidSpec("spec.source needs exactly one of registry, huggingFace or uri")
     return decoded
+
+
+def check_name(name: str) -> None:
+    """A FleetModel's name becomes its Service's, which must be a DNS-1035 label: ``7b`` or
+    ``llama-3.1-8b`` would be refused by the API server (422) after the Deployment was made. The
+    CRD has the same rule (CEL); this catches objects made before it, or without it."""
+    if len(name) > 63 or re.match(NAME_PATTERN, name) is None:
+        raise InvalidSpec(f"{name!r}: {NAME_RULE}")

@@ -1,9 +1,12 @@
 """A FleetModel's status as a pure function of what the operator observed.
 
-Phases: ``Failed`` (the spec can never run: wrong weight format for the engine, …),
+Phases: ``Failed`` (the spec can never run: wrong weight format for the engine, …; or what it
+renders cannot be applied: a foreign object in the way, an object the API server refused),
 ``Scheduling`` (no node can take a replica, or the scheduler says a pod is Unschedulable),
-``Pending`` (placed, not all replicas ready yet, or a ``registry:`` model whose files cannot be
-fetched yet and no replica serving), ``Ready`` (every desired replica ready).
+``Pending`` (placed, not all replicas ready yet — with the kubelet's reason when a pod cannot
+start: CreateContainerConfigError, ImagePullBackOff, CrashLoopBackOff, FetchWeightsFailed, … or
+ProgressDeadlineExceeded — or a ``registry:`` model whose files cannot be fetched yet and no
+replica serving), ``Ready`` (every desired replica ready).
 """
 
 from __future__ import annotations
@@ -24,26 +27,44 @@ class Observation(msgspec.Struct, kw_only=True, frozen=True):
 
     generation: int
     spec_error: str | None = None
+    blocked: tuple[str, str] | None = None
+    """(reason, message) when the rendered objects cannot be applied (ForeignObject, Rejected)."""
     unplaceable: str | None = None
     unschedulable: str | None = None
+    not_starting: tuple[str, str] | None = None
+    """(reason, message) of a pod the kubelet cannot start (a missing Secret, an image pull, a
+    crash loop, a failing init container), or of a rollout past its progress deadline."""
     weights_unavailable: str | None = None
     desired: int = 0
     ready: int = 0
+    rolled_out: bool = True
+    """Every replica runs the Deployment's current spec (see observing.DeploymentFacts)."""
     endpoints: tuple[str, ...] = ()
 
 
 def _phase(seen: Observation) -> tuple[Phase, str, str]:
+    counted = f"{seen.ready}/{seen.desired} replicas ready"
+    serving = seen.ready >= seen.desired
     if seen.spec_error is not None:
         return "Failed", "InvalidSpec", seen.spec_error
+    if seen.blocked is not None:
+        return "Failed", *seen.blocked
+    if serving and seen.rolled_out:
+        # Before placement: a model whose replicas all serve stays Ready when a node loses a
+        # GPU and a fresh replica would no longer fit.
+        return "Ready", "ReplicasReady", counted
     if seen.unplaceable is not None:
         return "Scheduling", "NoFittingNode", seen.unplaceable
     if seen.unschedulable is not None:
         return "Scheduling", "Unschedulable", seen.unschedulable
     if seen.weights_unavailable is not None and seen.ready == 0:
         return "Pending", "WeightsNotReady", seen.weights_unavailable
-    if seen.ready >= seen.desired:
-        return "Ready", "ReplicasReady", f"{seen.ready}/{seen.desired} replicas ready"
-    return "Pending", "Starting", f"{seen.ready}/{seen.desired} replicas ready"
+    if seen.not_starting is not None:
+        reason, message = seen.not_starting
+        return "Pending", reason, f"{counted}; {message}"
+    if serving:
+        return "Pending", "RollingOut", f"{counted}; rolling out the current spec"
+    return "Pending", "Starting", counted
 
 
 def _condition(

@@ -20,7 +20,7 @@ from fleet_contract import SCHEMA_VERSION, Endpoint, InventoryReport, ModelDeplo
 from fleet_serving import observing, placement, profiles, statuses
 from fleet_serving.errors import InvalidSpec
 from fleet_serving.observing import ObservedNode
-from fleet_serving.spec import FleetModelSpec, FleetModelStatus, decode_spec
+from fleet_serving.spec import FleetModelSpec, FleetModelStatus, check_name, decode_spec
 
 __all__ = ["ClusterView", "ModelView", "SourceIssue"]
 
@@ -48,6 +48,7 @@ def model_view(body: Mapping[str, Any]) -> ModelView:
     spec: FleetModelSpec | None = None
     error: str | None = None
     try:
+        check_name(meta["name"])
         spec = decode_spec(body.get("spec") or {})
         profiles.check(spec)
     except InvalidSpec as exc:
@@ -80,11 +81,14 @@ class ClusterView:
     def __init__(self) -> None:
         self.nodes: dict[str, ObservedNode] = {}
         self.models: dict[Key, ModelView] = {}
-        self.deployments: dict[Key, tuple[int, int]] = {}
+        self.deployments: dict[Key, observing.DeploymentFacts] = {}
         self.slices: dict[Key, tuple[str, tuple[Endpoint, ...]]] = {}
-        self.unschedulable: dict[Key, dict[str, str]] = {}
+        self.pod_problems: dict[Key, dict[str, tuple[str, str]]] = {}
+        """(reason, message) by pod name, for the model's pods that do not start."""
         self.source_issues: dict[Key, SourceIssue] = {}
         """What resolving a ``registry:`` source last found wrong, while it is so."""
+        self.apply_issues: dict[Key, tuple[str, str]] = {}
+        """(reason, message) of why a model's objects could not be applied, while it is so."""
         self.changed = asyncio.Event()
         self._placements: dict[tuple[Any, ...], str | None] = {}
         """Placement reasons by what they depend on; cleared when any node changes."""
@@ -116,6 +120,7 @@ class ClusterView:
         key = (seen.namespace, seen.name)
         if deleted:
             self.source_issues.pop(key, None)
+            self.apply_issues.pop(key, None)
             self._touch(self.models.pop(key, None) is not None)
             return None
         self._touch(self.models.get(key) != seen)
@@ -127,7 +132,7 @@ class ClusterView:
         if deleted:
             self.deployments.pop(key, None)
         else:
-            self.deployments[key] = observing.ready_count(body)
+            self.deployments[key] = observing.deployment_facts(body)
         return self._touch(before != self.deployments.get(key))
 
     def put_slice(self, key: Key, model: str, body: Mapping[str, Any], *, deleted: bool) -> bool:
@@ -145,15 +150,23 @@ class ClusterView:
             self.source_issues[key] = issue
         return self._touch(before != issue)
 
-    def put_pod(self, model: Key, pod: str, message: str | None) -> bool:
-        """Record a pod's unschedulable message; True when that changed anything."""
-        pods = self.unschedulable.setdefault(model, {})
+    def put_apply_issue(self, key: Key, issue: tuple[str, str] | None) -> bool:
+        """Record why applying a model's objects failed for good (None: applied)."""
+        before = self.apply_issues.pop(key, None)
+        if issue is not None:
+            self.apply_issues[key] = issue
+        return self._touch(before != issue)
+
+    def put_pod(self, model: Key, pod: str, problem: tuple[str, str] | None) -> bool:
+        """Record why a pod does not start (None: nothing wrong, or gone); True when that
+        changed anything."""
+        pods = self.pod_problems.setdefault(model, {})
         before = pods.get(pod)
-        if message is None:
+        if problem is None:
             pods.pop(pod, None)
         else:
-            pods[pod] = message
-        return before != message
+            pods[pod] = problem
+        return before != problem
 
     def endpoints(self, key: Key) -> tuple[Endpoint, ...]:
         """Every pod URL of a model, from all of its EndpointSlices, sorted."""
@@ -172,20 +185,27 @@ class ClusterView:
         if seen is None:
             return None
         # Desired replicas come from the spec (the Deployment mirrors it, and may not exist yet).
-        _, ready = self.deployments.get(key, (0, 0))
+        facts = self.deployments.get(key)
         valid = seen.spec is not None and seen.error is None
         desired = seen.spec.replicas if seen.spec is not None and valid else 0
         reason = self._unplaceable(seen.spec) if seen.spec is not None else None
-        pods = self.unschedulable.get(key) or {}
+        problems = sorted((self.pod_problems.get(key) or {}).values())
+        unschedulable = [message for reason, message in problems if reason == "Unschedulable"]
+        starting = [problem for problem in problems if problem[0] != "Unschedulable"]
+        if facts is not None and facts.stalled is not None:
+            starting.append(("ProgressDeadlineExceeded", facts.stalled))
         issue = self.source_issues.get(key)
         return statuses.Observation(
             generation=seen.generation,
             spec_error=seen.error or (issue.message if issue and issue.permanent else None),
+            blocked=self.apply_issues.get(key),
             unplaceable=reason,
-            unschedulable=next(iter(sorted(pods.values())), None),
+            unschedulable=next(iter(unschedulable), None),
+            not_starting=next(iter(starting), None),
             weights_unavailable=issue.message if issue and not issue.permanent else None,
             desired=desired,
-            ready=ready,
+            ready=facts.ready if facts is not None else 0,
+            rolled_out=facts.rolled_out if facts is not None else True,
             endpoints=tuple(e.url for e in self.endpoints(key) if e.ready),
         )
 
