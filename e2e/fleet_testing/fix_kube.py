@@ -266,7 +266,9 @@ def _wait_ready(cluster: KubeCluster, processes: list[tuple[str, subprocess.Pope
                 log = (cluster.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"{name} exited with {process.returncode}:\n{log}")
         with contextlib.suppress(OSError, KubeError):
-            if cluster.readyz() and cluster.get("/api/v1/namespaces/default/serviceaccounts/default"):
+            if cluster.readyz() and cluster.get(
+                "/api/v1/namespaces/default/serviceaccounts/default"
+            ):
                 return
         time.sleep(0.1)
     raise RuntimeError(f"the API server was not ready within {READY_TIMEOUT_S:.0f} s")
@@ -338,9 +340,7 @@ def service_account_kubeconfig(cluster: KubeCluster, namespace: str, name: str, 
     run a component with exactly the RBAC it is granted."""
     request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                "spec": {"expirationSeconds": 3600}}  # fmt: skip
-    answer = cluster.create(
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", request
-    )
+    answer = cluster.create(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", request)
     config = {
         "apiVersion": "v1",
         "kind": "Config",
