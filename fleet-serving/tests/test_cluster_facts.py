@@ -67,6 +67,52 @@ def test_unschedulable_pod_message() -> None:
     assert observing.unschedulable_message({"status": {}}) is None
 
 
+def test_amd_and_ascend_cards_are_counted_with_vendor_and_product() -> None:
+    amd = observing.observe_node(
+        node_with(
+            {"amd.com/gpu": "8", "cpu": "96"},
+            {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM", "amd.com/gpu.vram": "192G"},
+        )
+    )
+    ascend = observing.observe_node(
+        node_with(
+            {"huawei.com/Ascend910": "8", "huawei.com/Ascend910-2c": "4"},
+            {"node.kubernetes.io/npu.chip.name": "910B3", "kubernetes.io/arch": "arm64"},
+        )
+    )
+    (mi300,) = amd.node.gpus
+    (npu,) = ascend.node.gpus  # vNPU slices are not whole cards
+    assert (mi300.vendor, mi300.product, mi300.memory_mib, mi300.count, mi300.resource) == (
+        "amd",
+        "AMD_Instinct_MI300X_OAM",
+        192 * 1024,
+        8,
+        "amd.com/gpu",
+    )
+    assert (npu.vendor, npu.product, npu.count, npu.resource) == (
+        "huawei",
+        "910B3",
+        8,
+        "huawei.com/Ascend910",
+    )
+    assert mi300.compute_capability is None
+    assert npu.compute_capability is None
+    # Placement stays NVIDIA's: neither node offers nvidia.com/gpu to a vLLM replica.
+    assert (amd.gpus, amd.compute, ascend.gpus) == (0, None, 0)
+    report = fleet_contract.decode_report(
+        fleet_contract.encode_report(
+            fleet_contract.InventoryReport(
+                schema_version=fleet_contract.SCHEMA_VERSION,
+                cluster_id="c",
+                observed_at=datetime(2026, 11, 30, tzinfo=UTC),
+                reporter_version="t",
+                nodes=(amd.node, ascend.node),
+            )
+        )
+    )
+    assert [g.vendor for n in report.nodes for g in n.gpus] == ["amd", "huawei"]
+
+
 def test_time_sliced_gpus_count_as_physical_ones_in_the_report() -> None:
     labels = {"nvidia.com/gpu.replicas": "8", "nvidia.com/gpu.sharing-strategy": "time-slicing",
               "nvidia.com/gpu.product": "NVIDIA-L4"}  # fmt: skip

@@ -63,7 +63,11 @@ class Gpu(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     memory_mib: NonNegative
     count: NonNegative
     compute_capability: ComputeCapability | None = None
+    """NVIDIA only (``major.minor``); None for other vendors."""
     mig_slices: tuple[MigSlice, ...] = ()
+    resource: str | None = None
+    """The extended resource the devices are advertised as (``nvidia.com/gpu``, ``amd.com/gpu``,
+    ``huawei.com/Ascend910``…), since 1.2.0; None from older reporters (NVIDIA then)."""
 
 
 class NodeLabels(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):

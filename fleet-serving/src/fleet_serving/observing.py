@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from fleet_contract import Endpoint, Gpu, MigSlice, Node, NodeLabels
+from fleet_serving import accelerators
 
 __all__ = [
     "PROBLEM_REASONS",
@@ -74,8 +75,9 @@ def _gpus(allocatable: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[Gp
         for key, value in sorted(allocatable.items())
         if key.startswith(MIG_PREFIX) and len(key) > len(MIG_PREFIX)
     )
+    others = accelerators.other_accelerators(allocatable, labels)
     if not count and not slices:
-        return ()
+        return tuple(others)
     compute = _compute(labels)
     gpu = Gpu(
         vendor="nvidia",
@@ -84,8 +86,9 @@ def _gpus(allocatable: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[Gp
         count=count,
         compute_capability=f"{compute[0]}.{compute[1]}" if compute else None,
         mig_slices=slices,
+        resource=GPU,
     )
-    return (gpu,)
+    return (gpu, *others)
 
 
 def observe_node(obj: Mapping[str, Any]) -> ObservedNode:
