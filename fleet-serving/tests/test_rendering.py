@@ -41,7 +41,7 @@ def test_vllm_deployment_runs_the_openai_server_with_its_key_from_a_secret() -> 
     ]  # fmt: skip
     key = {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "qwen-api-key",
                                                                    "key": "api-key"}}}  # fmt: skip
-    assert c["env"] == [key]
+    assert c["env"][0] == key
     assert not any("key" in arg.lower() for arg in c["args"])  # argv is world-readable
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
@@ -102,6 +102,33 @@ def test_every_rendered_image_is_pinned_to_a_version() -> None:
         for c in pod["containers"] + pod.get("initContainers", []):
             tag = c["image"].rsplit(":", 1)[-1]
             assert re.fullmatch(r"v?\d+\.\d+\.\d+|server-(cuda-)?b\d+", tag), c["image"]
+
+
+def test_hub_downloads_go_to_the_model_volume_with_a_gated_models_token() -> None:
+    s = spec(hfTokenSecret={"name": "hf", "key": "token"})
+    env = {
+        e["name"]: e for e in container(rendering.deployment(OWNER, s, profiles.check(s)))["env"]
+    }
+    assert env["HF_HOME"]["value"] == "/models/.cache/huggingface"
+    assert env["LLAMA_CACHE"]["value"] == "/models/.cache/llama.cpp"
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+
+
+def test_an_s3_source_gets_its_credentials_and_endpoint_from_a_secret() -> None:
+    s = spec(engine="llamacpp", weightFormat="gguf", gpusPerReplica=0,
+             source={"uri": "s3://models/m.gguf", "credentialsSecret": "minio"})  # fmt: skip
+    pod = rendering.deployment(OWNER, s, profiles.check(s))["spec"]["template"]["spec"]
+    (fetch,) = pod["initContainers"]
+    assert fetch["envFrom"] == [{"secretRef": {"name": "minio"}}]
+    assert "HF_TOKEN" not in str(pod["containers"][0]["env"])
+
+
+def test_a_gguf_repository_serves_the_named_file() -> None:
+    s = spec(engine="llamacpp", weightFormat="gguf", gpusPerReplica=0,
+             source={"huggingFace": {"repo": "unsloth/Qwen3-8B-GGUF"}},
+             weightFile="Qwen3-8B-Q4_K_M.gguf")  # fmt: skip
+    args = container(rendering.deployment(OWNER, s, profiles.check(s)))["args"]
+    assert args[:4] == ["--hf-repo", "unsloth/Qwen3-8B-GGUF", "--hf-file", "Qwen3-8B-Q4_K_M.gguf"]
 
 
 def test_owned_objects_carry_the_owner_reference_and_labels() -> None:

@@ -53,6 +53,35 @@ def resolved(**fields: Any) -> RegistryWeights:
     return RegistryWeights(control_plane="http://cp:8081/", weights=weights(**fields))
 
 
+QUANTS = {
+    "config.json": b"{}",
+    "Qwen3-8B-Q4_K_M.gguf": b"GGUF q4",
+    "Qwen3-8B-Q8_0-00001-of-00002.gguf": b"GGUF q8 a",
+    "Qwen3-8B-Q8_0-00002-of-00002.gguf": b"GGUF q8 b",
+}
+
+
+def test_a_registry_model_of_several_quantizations_needs_weight_file() -> None:
+    with pytest.raises(InvalidSpec, match=r"holds 2 GGUF models .* spec\.weightFile"):
+        sources.check(spec(), weights(QUANTS))
+    with pytest.raises(InvalidSpec, match=r"has no file 'nope\.gguf'"):
+        sources.check(spec(weightFile="nope.gguf"), weights(QUANTS))
+
+
+def test_only_the_chosen_quantization_is_fetched_and_served() -> None:
+    s = spec(weightFile="Qwen3-8B-Q8_0-00001-of-00002.gguf")
+    sources.check(s, weights(QUANTS))
+    registry = RegistryWeights(control_plane="http://cp/", weights=weights(QUANTS),
+                               weight_file=s.weight_file)  # fmt: skip
+    d = rendering.deployment(OWNER, s, profiles.check(s), registry)
+    pod = d["spec"]["template"]["spec"]
+    (fetch,) = pod["initContainers"]
+    assert fetch["args"][::3] == ["Qwen3-8B-Q8_0-00001-of-00002.gguf",
+                                  "Qwen3-8B-Q8_0-00002-of-00002.gguf", "config.json"]  # fmt: skip
+    model = pod["containers"][0]["args"][:2]
+    assert model == ["--model", "/models/Qwen3-8B-Q8_0-00001-of-00002.gguf"]
+
+
 def test_llamacpp_loads_the_fetched_gguf_after_an_init_container_fetches_every_file() -> None:
     s = spec()
     d = rendering.deployment(OWNER, s, profiles.check(s), resolved())

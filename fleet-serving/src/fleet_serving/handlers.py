@@ -121,7 +121,9 @@ async def _resolve_registry(deps: Deps, key: Key, spec: FleetModelSpec) -> Regis
     if spec.source.registry is None:
         return None
     try:
-        registry = await deps.weights.resolve(spec.source.registry)
+        registry = msgspec.structs.replace(
+            await deps.weights.resolve(spec.source.registry), weight_file=spec.weight_file
+        )
         sources.check(spec, registry.weights)
     except WeightsUnavailable as exc:
         deps.view.put_source(key, SourceIssue(str(exc), permanent=False))

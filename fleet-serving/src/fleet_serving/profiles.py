@@ -112,13 +112,14 @@ def _model_args(
             return [hf.repo, "--revision", hf.revision]
         return [MODEL_DIR]
     if hf is not None:
-        return ["--hf-repo", hf.repo]
+        chosen = ["--hf-file", spec.weight_file] if spec.weight_file else []
+        return ["--hf-repo", hf.repo, *chosen]
     if spec.source.uri is not None:
         return ["--model", f"{MODEL_DIR}/model.gguf"]
     # Invariants: rendering.deployment refuses an unresolved registry: source, and sources.check
     # refuses a GGUF model without a .gguf file.
     assert registry is not None
-    return ["--model", f"{MODEL_DIR}/{sources.gguf_file(registry.weights)}"]
+    return ["--model", f"{MODEL_DIR}/{sources.gguf_file(registry.weights, registry.weight_file)}"]
 
 
 def engine_args(

@@ -103,6 +103,23 @@ def _probes(profile: EngineProfile) -> Obj:
     }
 
 
+def _cache_env(spec: FleetModelSpec) -> list[Obj]:
+    """Hub downloads go to the pod's model volume, not the container's writable layer
+    (``HF_HOME`` for vLLM, ``LLAMA_CACHE`` for llama.cpp's ``--hf-repo``), with the token of a
+    gated model from its Secret."""
+    if spec.source.hugging_face is None:
+        return []
+    env: list[Obj] = [
+        {"name": "HF_HOME", "value": f"{profiles.MODEL_DIR}/.cache/huggingface"},
+        {"name": "LLAMA_CACHE", "value": f"{profiles.MODEL_DIR}/.cache/llama.cpp"},
+    ]
+    token = spec.hf_token_secret
+    if token is not None:
+        ref = {"name": token.name, "key": token.key}
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
 def _container(
     owner: Owner, spec: FleetModelSpec, profile: EngineProfile, registry: RegistryWeights | None
 ) -> Obj:
@@ -116,7 +133,10 @@ def _container(
         "image": profiles.image_for(spec, profile),
         "args": profiles.engine_args(spec, profile, registry),
         "ports": [{"name": "http", "containerPort": profile.port, "protocol": "TCP"}],
-        "env": [{"name": profile.api_key_env, "valueFrom": {"secretKeyRef": key_ref}}],
+        "env": [
+            {"name": profile.api_key_env, "valueFrom": {"secretKeyRef": key_ref}},
+            *_cache_env(spec),
+        ],
         "resources": _resources(spec),
         "volumeMounts": [
             {"name": "models", "mountPath": profiles.MODEL_DIR},
@@ -150,8 +170,10 @@ def _fetcher(spec: FleetModelSpec, registry: RegistryWeights | None) -> list[Obj
     else:
         target, extra = profiles.MODEL_DIR, ["--recursive"]
     command = ["aws", "s3", "cp", spec.source.uri, target, *extra]
-    return [{"name": "fetch-weights", "image": AWS_CLI_IMAGE, "args": command[1:]}
-            | {"volumeMounts": mounts}]  # fmt: skip
+    fetcher: Obj = {"name": "fetch-weights", "image": AWS_CLI_IMAGE, "args": command[1:]}
+    if spec.source.credentials_secret:
+        fetcher["envFrom"] = [{"secretRef": {"name": spec.source.credentials_secret}}]
+    return [fetcher | {"volumeMounts": mounts}]
 
 
 def _tolerations(spec: FleetModelSpec) -> list[Obj]:

@@ -9,6 +9,7 @@ gets the list lives in :mod:`fleet_serving.control_plane`.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import quote
 
 import msgspec
@@ -25,10 +26,12 @@ __all__ = [
     "check",
     "fetch_args",
     "gguf_file",
+    "served_files",
     "token_env",
 ]
 
 TOKEN_ENV = "FLEET_ENGINE_TOKEN"
+_SPLIT = re.compile(r"-[0-9]{5}-of-[0-9]{5}\.gguf$")
 
 FETCH_IMAGE = "curlimages/curl:8.11.1"
 """curl with a busybox shell and sha256sum: all the fetch script needs."""
@@ -84,6 +87,8 @@ class RegistryWeights(msgspec.Struct, kw_only=True, frozen=True):
     weights: ModelWeights
     token_secret: str = "fleet-engine-token"
     """The Secret (key ``token``, in the model's namespace) holding the engine credential."""
+    weight_file: str | None = None
+    """The spec's ``weightFile``: the GGUF file to serve when the model holds several."""
 
     def file_url(self, path: str) -> str:
         model = quote(self.weights.model_id, safe="")
@@ -105,13 +110,46 @@ def check(spec: FleetModelSpec, weights: ModelWeights) -> None:
                 f"registry model {weights.model_id!r} lists a file outside its folder: "
                 f"{file.path!r}"
             )
-    if spec.weight_format == "gguf" and gguf_file(weights) is None:
-        raise InvalidSpec(f"registry model {weights.model_id!r} has no .gguf file")
+    if spec.weight_format == "gguf":
+        _check_gguf(weights, spec.weight_file)
 
 
-def gguf_file(weights: ModelWeights) -> str | None:
-    """The file llama.cpp is pointed at: the first ``.gguf`` by name (a split model's part 1)."""
+def _model_of(path: str) -> str:
+    """A GGUF file's model: its name without a split suffix (``-00001-of-00003.gguf``)."""
+    return _SPLIT.sub("", path).removesuffix(".gguf")
+
+
+def _check_gguf(weights: ModelWeights, chosen: str | None) -> None:
     names = sorted(f.path for f in weights.files if f.path.endswith(".gguf"))
+    models = sorted({_model_of(n) for n in names})
+    where = f"registry model {weights.model_id!r}"
+    if not names:
+        raise InvalidSpec(f"{where} has no .gguf file")
+    if chosen is not None and chosen not in names:
+        raise InvalidSpec(f"{where} has no file {chosen!r}; it has {', '.join(names)}")
+    if chosen is None and len(models) > 1:
+        raise InvalidSpec(
+            f"{where} holds {len(models)} GGUF models ({', '.join(models)}): name the one to "
+            "serve with spec.weightFile"
+        )
+
+
+def served_files(weights: ModelWeights, weight_file: str | None) -> list[str]:
+    """The files to fetch, by path: everything, except that a GGUF model holding several
+    quantizations gets only the chosen one (with its split parts) and no other ``.gguf``."""
+    paths = sorted(f.path for f in weights.files)
+    if weight_file is None:
+        return paths
+    model = _model_of(weight_file)
+    return [p for p in paths if not p.endswith(".gguf") or _model_of(p) == model]
+
+
+def gguf_file(weights: ModelWeights, weight_file: str | None = None) -> str | None:
+    """The file llama.cpp is pointed at: the chosen one, else the first ``.gguf`` by name (a
+    split model's part 1)."""
+    names = sorted(f.path for f in weights.files if f.path.endswith(".gguf"))
+    if weight_file is not None:
+        return weight_file if weight_file in names else None
     return names[0] if names else None
 
 
@@ -122,8 +160,9 @@ def token_env(source: RegistryWeights) -> dict[str, object]:
 
 
 def fetch_args(source: RegistryWeights) -> list[str]:
-    """The fetch script's arguments, one (path, url, sha256) triple per file, by path."""
+    """The fetch script's arguments, one (path, url, sha256) triple per served file, by path."""
+    by_path = {f.path: f for f in source.weights.files}
     args: list[str] = []
-    for file in sorted(source.weights.files, key=lambda f: f.path):
-        args += [file.path, source.file_url(file.path), file.sha256]
+    for path in served_files(source.weights, source.weight_file):
+        args += [path, source.file_url(path), by_path[path].sha256]
     return args

@@ -74,6 +74,9 @@ class Source(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     hugging_face: HuggingFaceSource | None = None
     uri: S3Uri | None = None
     """An ``s3://bucket/prefix`` holding the weights."""
+    credentials_secret: Text | None = None
+    """For ``uri``: a Secret whose keys become the copier's environment (AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, and AWS_ENDPOINT_URL / AWS_REGION for a store other than AWS)."""
 
 
 class SecretKeyRef(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
@@ -119,6 +122,14 @@ class FleetModelSpec(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     """An engine image to run instead of the profile's default."""
     api_key_secret: SecretKeyRef | None = None
     """The Secret holding the engine's API key; default: ``<name>-api-key``, key ``api-key``."""
+    weight_file: (
+        Annotated[str, Meta(min_length=1, max_length=253, pattern=r"^[^/].*\.gguf$")] | None
+    ) = None
+    """For GGUF: the file to serve from a repository or registry model holding several
+    quantizations (e.g. ``Qwen3-8B-Q4_K_M.gguf``; a split model's first part). Only it, and its
+    split siblings, is fetched."""
+    hf_token_secret: SecretKeyRef | None = None
+    """A Secret key holding a Hugging Face token (``HF_TOKEN``), for gated models."""
     runtime_class_name: Dns1123Label | None = None
     """The pods' RuntimeClass, e.g. ``nvidia`` on k3s, which registers the NVIDIA runtime as one."""
 
