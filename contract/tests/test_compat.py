@@ -129,7 +129,9 @@ def test_the_committed_snapshots_match_the_released_types() -> None:
     since_1_0 = compat.compare(json.loads((schemas / "inventory-v1.0.0.json").read_text()),
                                report_schema())  # fmt: skip
     assert sorted((c.path, c.breaking) for c in since_1_0) == [
-        ("$.deployments[].registryModel", False), ("$.nodes[].gpus[].resource", False)]
+        ("$.deployments[].registryModel", False),
+        ("$.nodes[].gpus[].resource", False),
+    ]
     since_1_1 = compat.compare(json.loads((schemas / "inventory-v1.1.0.json").read_text()),
                                report_schema())  # fmt: skip
     assert [(c.path, c.breaking) for c in since_1_1] == [("$.nodes[].gpus[].resource", False)]
