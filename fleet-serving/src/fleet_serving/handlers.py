@@ -101,7 +101,7 @@ async def _apply(deps: Deps, key: Key, desired: list[dict[str, Any]], logger: An
                 logger.info(f"{obj['kind']} {done}")
     except ForeignObject as exc:
         await _blocked(deps, key, "ForeignObject", str(exc))
-        raise kopf.TemporaryError(str(exc), delay=30) from exc  # heals when it is removed
+        raise kopf.TemporaryError(str(exc), delay=10) from exc  # heals when it is removed
     except KubernetesError as exc:
         if exc.retryable:
             raise _temporary(exc) from exc
