@@ -150,15 +150,19 @@ def redis_benchmark(url: str, requests: int = 200_000) -> float | None:
         "2",
         bs[0].key,
         bs[1].key,
-        # capacities, then one reservation of two pairs (bucket index, amount): see admit.lua
+        # 2 buckets and their capacities, no budget rules, then one reservation of two pairs
+        # (bucket index, amount) and no holds: see admit.lua
+        "2",
         str(bs[0].capacity),
         str(bs[1].capacity),
+        "0",
         "1",
         "2",
         "1",
         "1",
         "2",
         "100",
+        "0",
     ]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     last = [line for line in out.splitlines() if line.startswith('"')][-1]

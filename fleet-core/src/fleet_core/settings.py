@@ -69,6 +69,9 @@ class DatabaseModeSettings:
     """Reload keys/limits/rules this often even without a notification (FLEET_CATALOG_POLL_S)."""
     budget_refresh_s: float = 1.0
     """How often budget rules' usage is re-read from the rollups (FLEET_BUDGET_REFRESH_S)."""
+    budget_hold_ttl_s: float = 60.0
+    """A budget hold whose gateway stopped touching it (crashed) expires after this long
+    (FLEET_BUDGET_HOLD_TTL_S); a live gateway touches its holds every quarter of it."""
     key_usage_interval_s: float = 5.0
     """How often the keys seen are written as ``last_used_at`` (one UPDATE for all of them)."""
 
@@ -172,6 +175,7 @@ def database_mode_from_env(env: Mapping[str, str]) -> DatabaseModeSettings | Non
         spool_path=Path(env.get("FLEET_LEDGER_SPOOL") or ".fleet/ledger-spool.jsonl"),
         catalog_poll_s=_float(env, "FLEET_CATALOG_POLL_S", 1.0) or 1.0,
         budget_refresh_s=_float(env, "FLEET_BUDGET_REFRESH_S", 1.0) or 1.0,
+        budget_hold_ttl_s=_float(env, "FLEET_BUDGET_HOLD_TTL_S", 60.0) or 60.0,
     )
 
 

@@ -31,7 +31,7 @@ TPM = Bucket("{acme}:tpm", "tenant", "tpm", 1000)
 
 
 async def test_reservations_in_one_call_are_judged_in_order(store: RedisStore) -> None:
-    decisions = await store.reserve_many([[Charge(RPM, 1)] for _ in range(5)])
+    decisions = await store.reserve_many([([Charge(RPM, 1)], ()) for _ in range(5)])
     assert [d.admitted for d in decisions] == [True, True, True, False, False]
     assert decisions[3].refused_by == RPM
     assert 15 < decisions[3].retry_after <= 20.001  # one unit per 20 s at 3 per minute
@@ -40,11 +40,11 @@ async def test_reservations_in_one_call_are_judged_in_order(store: RedisStore) -
 async def test_a_refused_reservation_charges_nothing_in_a_batch(store: RedisStore) -> None:
     decisions = await store.reserve_many(
         [
-            [Charge(RPM, 1), Charge(TPM, 900)],
-            [Charge(RPM, 1), Charge(TPM, 200)],  # tpm short: its rpm unit must not be taken
-            [Charge(RPM, 1), Charge(TPM, 100)],
-            [Charge(RPM, 1)],
-            [],
+            ([Charge(RPM, 1), Charge(TPM, 900)], ()),
+            ([Charge(RPM, 1), Charge(TPM, 200)], ()),  # tpm short: its rpm unit must not be taken
+            ([Charge(RPM, 1), Charge(TPM, 100)], ()),
+            ([Charge(RPM, 1)], ()),
+            ([], ()),
         ]
     )
     assert [d.admitted for d in decisions] == [True, False, True, True, True]

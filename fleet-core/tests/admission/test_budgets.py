@@ -1,12 +1,17 @@
-"""Budget-rule arithmetic as pure functions: what is counted, when, and when it frees."""
+"""Budget rules: what a hold counts, when it is dropped, and when a window frees (memory store)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from fleet_core.admission.budgets import Amounts, BudgetBook, free_after
+from fleet_core.admission.budgets import Amounts, BudgetBook, book_key, free_after
 from fleet_core.admission.directory import BudgetRule
+from fleet_core.admission.store import MemoryStore
 from fleet_core.errors import ReservationTooLarge
+
+from .conftest import FakeClock
 
 RULE = BudgetRule("rule_a", "tenant", "acme", "tokens_total", 100, 3600)
 UNITS = BudgetRule("rule_u", "project", "acme/x", "units", 1_000, 86400)
@@ -27,36 +32,66 @@ def test_every_dimension_reads_its_own_figure() -> None:
     ] == [50, 30, 20, 10, 20, 7]
 
 
-def test_a_hold_counts_until_settled_and_a_settled_record_until_the_rollups_show_it() -> None:
-    book = BudgetBook()
-    demand = Amounts(tokens_input=10, tokens_output=40)
-    assert book.over([RULE], demand) == []
-    hold = book.hold([RULE], demand)
-    assert book.usage("rule_a") == 50
-    assert book.over([RULE], Amounts(tokens_input=51)) == [(RULE, 1)]
+async def test_a_hold_counts_until_settled_then_until_every_rollup_shows_it() -> (
+    None
+):
+    store = MemoryStore()
+    book = BudgetBook(grace_s=2.0)
+    book.refreshed({}, started_at=0.0)
+    key = book_key(RULE)
+    hold, asks = book.hold([RULE], Amounts(tokens_input=10, tokens_output=40))
+    assert (await store.reserve([], asks)).admitted
+    assert store.held(key) == 50
+    refused, more = book.hold([RULE], Amounts(tokens_input=51))
+    decision = await store.reserve([], more)
+    assert (decision.refused_hold, decision.excess) == (0, 1)
+    await store.update_holds(book.release(refused))
 
-    book.settle(hold, Amounts(tokens_input=10, tokens_output=5), request_id="r1")
-    assert book.usage("rule_a") == 15  # the hold is gone, what was used stays
-    book.refreshed({"rule_a": 0}, started_at=100.0)  # a refresh before the ledger had it
-    assert book.usage("rule_a") == 15
+    await store.update_holds(
+        book.settle(hold, Amounts(tokens_input=10, tokens_output=5), request_id="r1")
+    )
+    assert store.held(key) == 15  # the hold shrank to what was used, and stays
+    assert book.refreshed({"rule_a": 0}, started_at=100.0) == []  # the ledger lacks it yet
     book.committed(["r1"], at=101.0)
-    book.refreshed({"rule_a": 15}, started_at=100.5)  # started before the commit: may lack it
-    assert book.usage("rule_a") == 30  # counted twice for one refresh, never zero times
-    book.refreshed({"rule_a": 15}, started_at=102.0)
-    assert book.usage("rule_a") == 15
+    # Committed, and this refresh has it, but another gateway's may have started before the
+    # commit: the hold stays until a refresh started grace_s after the commit.
+    assert book.refreshed({"rule_a": 15}, started_at=102.0) == []
+    assert store.held(key) == 15
+    await store.update_holds(book.refreshed({"rule_a": 15}, started_at=103.5))
+    assert store.held(key) == 0
+    assert book.own() == 0
 
 
-def test_a_released_hold_leaves_nothing_behind() -> None:
+async def test_a_released_hold_leaves_nothing_behind() -> None:
+    store = MemoryStore()
     book = BudgetBook()
-    hold = book.hold([RULE, UNITS], Amounts(tokens_input=10, units=300))
-    book.release(hold)
-    assert book.usage("rule_a") == 0
-    assert book.usage("rule_u") == 0
+    book.refreshed({}, started_at=0.0)
+    hold, asks = book.hold([RULE, UNITS], Amounts(tokens_input=10, units=300))
+    assert (await store.reserve([], asks)).admitted
+    await store.update_holds(book.release(hold))
+    assert store.held(book_key(RULE)) == 0
+    assert store.held(book_key(UNITS)) == 0
+    assert book.own() == 0
 
 
 def test_a_demand_above_the_limit_can_never_fit() -> None:
     with pytest.raises(ReservationTooLarge, match="rule_a"):
-        BudgetBook().over([RULE], Amounts(tokens_output=101))
+        BudgetBook().check([RULE], Amounts(tokens_output=101))
+
+
+async def test_own_holds_are_touched_every_quarter_ttl_and_others_expire() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    book = BudgetBook(ttl_s=8.0)
+    _, asks = book.hold([RULE], Amounts(tokens_output=30))
+    assert (await store.reserve([], asks)).admitted
+    assert book.touches(now=time.monotonic()) == []  # not yet a quarter of the ttl
+    clock.advance(7.0)
+    await store.update_holds(book.touches(now=time.monotonic() + 2.5))
+    clock.advance(7.0)  # 14 s after the hold: alive, as it was touched at 7 s
+    assert store.held(book_key(RULE)) == 30
+    clock.advance(8.5)  # a crashed gateway stops touching: its hold expires
+    assert store.held(book_key(RULE)) == 0
 
 
 def test_the_window_frees_when_enough_old_minutes_slide_out() -> None:

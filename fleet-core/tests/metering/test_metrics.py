@@ -215,7 +215,7 @@ def test_no_label_value_ever_carries_a_key_or_a_key_id() -> None:
     metrics.observe(record(tenant="acme", project=f"search/{KEY_ID}"))
     metrics.observe(record(model=KEY_ID, stream=True, first_byte_at=1000.1))
     metrics.observe(record(tenant=KEY_ID, key_id=KEY_ID))
-    metrics.refused(level=FULL_KEY, dimension="rpm")
+    metrics.refused(tenant=FULL_KEY, project=FULL_KEY, level=FULL_KEY, dimension="rpm")
     metrics.request_started("llama-3-8b")
 
     labels = all_label_values(metrics)
@@ -259,7 +259,7 @@ def test_text_format_0_0_4_is_the_default(accept: str | None) -> None:
 def test_two_instances_do_not_share_counts() -> None:
     first, second = GatewayMetrics(), GatewayMetrics()
     first.observe(record())
-    first.refused(level="tenant", dimension="tpm")
+    first.refused(tenant="acme", project="search", level="tenant", dimension="tpm")
     second.observe(record(status=500))
 
     one, two = scrape(first), scrape(second)
@@ -268,7 +268,17 @@ def test_two_instances_do_not_share_counts() -> None:
     assert value(one, "fleet_requests_total", **scope(status_class="5xx")) is None
     assert value(two, "fleet_requests_total", **scope(status_class="2xx")) is None
     assert value(two, "fleet_requests_total", **scope(status_class="5xx")) == 1
-    assert value(two, "fleet_rate_limit_refusals_total", level="tenant", dimension="tpm") is None
+    assert (
+        value(
+            two,
+            "fleet_rate_limit_refusals_total",
+            tenant="acme",
+            project="search",
+            level="tenant",
+            dimension="tpm",
+        )
+        is None
+    )
 
 
 def test_endpoint_readiness_is_read_at_scrape_time() -> None:
@@ -303,16 +313,25 @@ def test_requests_in_flight_rise_and_fall() -> None:
     assert value(samples, "fleet_requests_in_flight", model="bge-m3") == 0
 
 
-def test_refusals_and_store_errors_are_counted() -> None:
+def test_refusals_are_counted_per_tenant_and_project_and_store_errors_are_counted() -> None:
     metrics = GatewayMetrics()
-    metrics.refused(level="tenant", dimension="rpm")
-    metrics.refused(level="tenant", dimension="rpm")
-    metrics.refused(level="project", dimension="tpm")
+    metrics.refused(tenant="acme", project="search", level="tenant", dimension="rpm")
+    metrics.refused(tenant="acme", project="search", level="tenant", dimension="rpm")
+    metrics.refused(tenant="acme", project="chat", level="project", dimension="tpm")
+    metrics.refused(tenant="globex", project="search", level="tenant", dimension="rpm")
     metrics.store_error()
 
     samples = scrape(metrics)
 
     refusals = "fleet_rate_limit_refusals_total"
-    assert value(samples, refusals, level="tenant", dimension="rpm") == 2
-    assert value(samples, refusals, level="project", dimension="tpm") == 1
+    acme = {"tenant": "acme", "project": "search"}
+    assert value(samples, refusals, **acme, level="tenant", dimension="rpm") == 2
+    assert (
+        value(samples, refusals, tenant="acme", project="chat", level="project", dimension="tpm")
+        == 1
+    )
+    assert (
+        value(samples, refusals, tenant="globex", project="search", level="tenant", dimension="rpm")
+        == 1
+    )
     assert value(samples, "fleet_rate_limiter_store_errors_total") == 1

@@ -1,37 +1,41 @@
 """Budget rules at admission: rolling-window limits checked against the ledger's rollups (P5).
 
-A rule's usage is three parts, all kept in memory so admission never waits for the database:
+A rule's usage is two parts:
 
 - ``used``: the rule's sum over the ledger's per-minute rollups inside its window, refreshed by a
-  background query every second (``refresh``); its cost follows the number of minutes in the
-  window, never the number of ledger rows.
-- ``held``: what requests admitted here and still in flight reserved (their estimate).
-- ``recent``: what requests settled here used and the rollups may not show yet — a record is
-  counted here from settlement until a refresh that started after the ledger committed it.
+  background query every second (``refreshed``); its cost follows the number of minutes in the
+  window, never the number of ledger rows. Every gateway reads it for itself.
+- the rule's **holds**, kept in the limit store beside the token buckets (Redis when there is
+  one, so every gateway sees every other's; `limits.Hold`). A request admitted anywhere holds
+  its demand until it settles; then its hold shrinks to what it used and stays until the rollups
+  show the record — until a refresh that started at least ``grace_s`` after the ledger committed
+  it, so every other gateway's refresh has seen it too. Each hold expires ``ttl_s`` after it was
+  last written; the gateway that owns it touches it while it lives, so only a crashed gateway's
+  holds expire (after at most ``ttl_s``).
 
-A request is admitted only if, for every rule that applies, ``used + held + recent + demand``
-stays within the limit; then its demand is held until it settles. Everything is integer
-arithmetic on plain dicts: the decision is a pure function of the book and the demand.
-
-Across several gateways a rule can be overshot by what the others admitted in the last second or
-two (their holds are not shared; their records reach the rollups within a flush and a refresh).
-ADR 0004 says why that trade is made.
+A request is admitted only if, for every rule that applies, ``used + holds + demand`` stays
+within the limit; the store checks that and places the holds in the same atomic call as the
+token buckets, so concurrent requests on any number of gateways cannot all pass one check.
+This book keeps the rollup figures and the gateway's own holds (to touch, settle and drop them);
+everything is integer arithmetic. ADR 0004 says what is still approximate.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fleet_core.admission.directory import BudgetDimension, BudgetRule
+from fleet_core.admission.limits import Hold, HoldUpdate
 from fleet_core.errors import RateLimited, ReservationTooLarge
 
-__all__ = ["Amounts", "BudgetBook", "BudgetExceeded", "BudgetHold", "free_after"]
+__all__ = ["Amounts", "BudgetBook", "BudgetExceeded", "BudgetHold", "book_key", "free_after"]
 
 RECENT_LIMIT = 200_000
-"""Settled records remembered until the rollups show them; beyond this the oldest are dropped."""
+"""Settled holds tracked until the rollups show them; beyond this the oldest are left to expire."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,9 @@ class Amounts:
 
 @dataclass(frozen=True, slots=True)
 class BudgetHold:
+    """A request's holds: one per rule, all under one id."""
+
+    id: str
     rules: Sequence[BudgetRule]
     demand: Amounts
 
@@ -68,10 +75,19 @@ class BudgetExceeded(RateLimited):
 
 
 @dataclass
-class _Recent:
-    rule_ids: tuple[str, ...]
+class _Entry:
+    """One of this gateway's holds: what the store holds per rule, and when it was committed."""
+
+    hold: BudgetHold
     amounts: tuple[int, ...]
+    settled: bool = False
     committed_at: float | None = None
+
+
+def book_key(rule: BudgetRule, *, prefix: str = "") -> str:
+    """Where a rule's holds live in the store: under its tenant's hash tag, like its buckets."""
+    tenant = rule.scope_id.partition("/")[0]
+    return f"{prefix}fleet:budget:{{{tenant}}}:{rule.id}"
 
 
 def free_after(
@@ -99,27 +115,50 @@ def free_after(
 
 
 class BudgetBook:
-    def __init__(self) -> None:
+    """The rules' rollup figures and this gateway's own holds.
+
+    ``ttl_s``: a hold expires this long after it was last written (the owner touches it every
+    ``ttl_s / 4``). ``grace_s``: a settled hold is dropped once a refresh that started this long
+    after the ledger committed its record has returned (twice the refresh interval: by then every
+    gateway refreshing on schedule has read the record from the rollups).
+    """
+
+    def __init__(self, *, prefix: str = "", ttl_s: float = 60.0, grace_s: float = 2.0) -> None:
+        self._prefix = prefix
+        self._ttl_ms = max(1, round(ttl_s * 1000))
+        self._grace_s = grace_s
         self._used: dict[str, int] = {}
-        self._held: dict[str, int] = {}
-        self._recent_sum: dict[str, int] = {}
-        self._recent: OrderedDict[str, _Recent] = OrderedDict()
+        self.loaded = False
+        """Whether the rollup figures were read at least once (before that, refuse)."""
+        self._entries: dict[str, _Entry] = {}
+        self._settled: OrderedDict[str, str] = OrderedDict()
+        """Request id -> hold id, for holds settled and waiting for the rollups."""
+        self._touched_at = time.monotonic()
+
+    @property
+    def ttl_s(self) -> float:
+        return self._ttl_ms / 1000
 
     def usage(self, rule_id: str) -> int:
-        """What the book counts against a rule now."""
-        return (
-            self._used.get(rule_id, 0)
-            + self._held.get(rule_id, 0)
-            + self._recent_sum.get(rule_id, 0)
-        )
+        """What the rollups count against a rule (as last read)."""
+        return self._used.get(rule_id, 0)
 
     def unrolled(self, rule_id: str) -> int:
-        """Usage settled here that the last refresh of the rollups did not include."""
-        return self._recent_sum.get(rule_id, 0)
+        """Usage settled here that the rollups may not show yet."""
+        return sum(
+            amount
+            for entry in self._entries.values()
+            if entry.settled
+            for rule, amount in zip(entry.hold.rules, entry.amounts, strict=True)
+            if rule.id == rule_id
+        )
 
-    def over(self, rules: Sequence[BudgetRule], demand: Amounts) -> list[tuple[BudgetRule, int]]:
-        """Each rule the demand would exceed, with by how much."""
-        found = []
+    def own(self) -> int:
+        """How many holds this gateway keeps (in flight or waiting for the rollups)."""
+        return len(self._entries)
+
+    def check(self, rules: Sequence[BudgetRule], demand: Amounts) -> None:
+        """400 for a demand above a rule's whole limit: it could never be admitted."""
         for rule in rules:
             amount = demand.get(rule.dimension)
             if amount > rule.limit:
@@ -128,59 +167,81 @@ class BudgetBook:
                     f"allows {rule.limit} per {rule.window_s}s; it can never be admitted",
                     param="max_tokens",
                 )
-            excess = self.usage(rule.id) + amount - rule.limit
-            if excess > 0:
-                found.append((rule, excess))
-        return found
 
-    def hold(self, rules: Sequence[BudgetRule], demand: Amounts) -> BudgetHold:
-        for rule in rules:
-            self._held[rule.id] = self._held.get(rule.id, 0) + demand.get(rule.dimension)
-        return BudgetHold(rules, demand)
+    def hold(self, rules: Sequence[BudgetRule], demand: Amounts) -> tuple[BudgetHold, list[Hold]]:
+        """A new hold for ``demand`` and what to ask the store; tracked from now on, so that
+        a reservation that never completes can still be dropped (`release`)."""
+        hold = BudgetHold(f"h{uuid.uuid4().hex}", tuple(rules), demand)
+        amounts = tuple(demand.get(rule.dimension) for rule in rules)
+        self._entries[hold.id] = _Entry(hold, amounts)
+        asks = [
+            Hold(self._key(rule), hold.id, amount, rule.limit, self.usage(rule.id), self._ttl_ms)
+            for rule, amount in zip(rules, amounts, strict=True)
+        ]
+        return hold, asks
 
-    def release(self, hold: BudgetHold) -> None:
-        """Give a hold back unused (the request was refused after all)."""
-        for rule in hold.rules:
-            self._held[rule.id] = self._held.get(rule.id, 0) - hold.demand.get(rule.dimension)
+    def release(self, hold: BudgetHold) -> list[HoldUpdate]:
+        """Give a hold back unused (the request was refused or never started)."""
+        self._entries.pop(hold.id, None)
+        return [HoldUpdate(self._key(rule), hold.id, None) for rule in hold.rules]
 
-    def settle(self, hold: BudgetHold, used: Amounts, *, request_id: str) -> None:
-        """Release the hold; count what was used until the rollups show the record."""
-        amounts = []
-        for rule in hold.rules:
-            self._held[rule.id] = self._held.get(rule.id, 0) - hold.demand.get(rule.dimension)
-            amount = used.get(rule.dimension)
-            amounts.append(amount)
-            self._recent_sum[rule.id] = self._recent_sum.get(rule.id, 0) + amount
-        if not hold.rules:
-            return
-        self._recent[request_id] = _Recent(tuple(r.id for r in hold.rules), tuple(amounts))
-        while len(self._recent) > RECENT_LIMIT:
-            _, dropped = self._recent.popitem(last=False)
-            self._forget(dropped)
+    def settle(self, hold: BudgetHold, used: Amounts, *, request_id: str) -> list[HoldUpdate]:
+        """Shrink (or grow) the hold to what was used; it stays until the rollups show it."""
+        entry = self._entries.get(hold.id)
+        if entry is None or entry.settled:
+            return []
+        entry.amounts = tuple(used.get(rule.dimension) for rule in hold.rules)
+        entry.settled = True
+        self._settled[request_id] = hold.id
+        while len(self._settled) > RECENT_LIMIT:
+            _, dropped = self._settled.popitem(last=False)
+            self._entries.pop(dropped, None)  # no longer touched: it expires within ttl_s
+        return self._puts(entry)
 
     def committed(self, request_ids: Iterable[str], *, at: float | None = None) -> None:
         """The ledger committed these records (called by the ledger writer)."""
         stamp = time.monotonic() if at is None else at
         for request_id in request_ids:
-            entry = self._recent.get(request_id)
+            entry = self._entries.get(self._settled.get(request_id, ""))
             if entry is not None and entry.committed_at is None:
                 entry.committed_at = stamp
 
-    def refreshed(self, used: Mapping[str, int], *, started_at: float) -> None:
-        """New rollup sums from a query that started at ``started_at`` (monotonic clock).
+    def refreshed(self, used: Mapping[str, int], *, started_at: float) -> list[HoldUpdate]:
+        """New rollup sums from a query that started at ``started_at`` (monotonic clock); the
+        settled holds every gateway's rollups now show, to drop from the store.
 
-        Records committed before the query started are in its sums, so they stop being
-        counted as recent; the ones committed while it ran may be counted twice for one
-        refresh, which errs on the side of refusing.
+        A record committed while the query ran may be counted twice for a moment (in the sums
+        and in its hold), which errs on the side of refusing.
         """
         self._used = dict(used)
-        for request_id in [
+        self.loaded = True
+        cutoff = started_at - self._grace_s
+        done = [
             rid
-            for rid, entry in self._recent.items()
-            if entry.committed_at is not None and entry.committed_at < started_at
-        ]:
-            self._forget(self._recent.pop(request_id))
+            for rid, hid in self._settled.items()
+            if (e := self._entries.get(hid)) is None
+            or (e.committed_at is not None and e.committed_at < cutoff)
+        ]
+        drops: list[HoldUpdate] = []
+        for request_id in done:
+            entry = self._entries.pop(self._settled.pop(request_id), None)
+            if entry is not None:
+                drops += [HoldUpdate(self._key(r), entry.hold.id, None) for r in entry.hold.rules]
+        return drops
 
-    def _forget(self, entry: _Recent) -> None:
-        for rule_id, amount in zip(entry.rule_ids, entry.amounts, strict=True):
-            self._recent_sum[rule_id] = self._recent_sum.get(rule_id, 0) - amount
+    def touches(self, *, now: float | None = None) -> list[HoldUpdate]:
+        """Every own hold written again for another ``ttl_s``, every ``ttl_s / 4``."""
+        now = time.monotonic() if now is None else now
+        if now - self._touched_at < self.ttl_s / 4:
+            return []
+        self._touched_at = now
+        return [update for entry in self._entries.values() for update in self._puts(entry)]
+
+    def _puts(self, entry: _Entry) -> list[HoldUpdate]:
+        return [
+            HoldUpdate(self._key(rule), entry.hold.id, amount, self._ttl_ms)
+            for rule, amount in zip(entry.hold.rules, entry.amounts, strict=True)
+        ]
+
+    def _key(self, rule: BudgetRule) -> str:
+        return book_key(rule, prefix=self._prefix)

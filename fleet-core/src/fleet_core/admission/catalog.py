@@ -8,6 +8,8 @@
   key is refused within milliseconds, and within one poll interval at worst.
 - ``rule_usage`` / ``rule_minutes``: the budget rules' sums over the ledger's per-minute rollups
   (``usage_minute``), the refresh behind ``budgets.BudgetBook``; never a scan of ledger rows.
+- ``RuleMinutes``: a refusing rule's minute series (for Retry-After), read once per rule per
+  refresh interval however many requests it refuses.
 - ``KeyUsage``: ``last_used_at`` of the keys seen, written in one UPDATE every few seconds.
 
 While the database is away the gateway keeps serving on the last snapshot it loaded.
@@ -18,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from fleet_core.admission.budgets import BudgetBook
 from fleet_core.admission.directory import (
     BudgetRule,
     Catalog,
@@ -40,7 +42,9 @@ __all__ = [
     "CHANNEL",
     "CatalogWatcher",
     "KeyUsage",
+    "RuleMinutes",
     "load_catalog",
+    "read_budgets",
     "refresh_budgets",
     "rule_minutes",
     "rule_usage",
@@ -121,18 +125,81 @@ async def rule_minutes(conn: Connection, rule: BudgetRule) -> list[tuple[float, 
     return [(float(m), int(a)) for m, a in rows]
 
 
+Minutes = list[tuple[float, int]]
+
+
+class RuleMinutes:
+    """Each refusing rule's minute series, read from the database at most once per ``ttl_s``.
+
+    A tenant over budget is refused on every request until its window frees; without this each
+    refusal would cost a query. Concurrent refusals of one rule share one read in flight. A read
+    that fails is remembered for ``ttl_s`` too (as None: Retry-After falls back to a short
+    guess), so a dead database is not asked once per refusal either.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        *,
+        ttl_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._pool = pool
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._reads: dict[BudgetRule, tuple[float, asyncio.Task[Minutes | None]]] = {}
+        self.queries = 0
+        """Reads sent to the database so far."""
+
+    async def get(self, rule: BudgetRule) -> Minutes | None:
+        now = self._clock()
+        found = self._reads.get(rule)
+        if found is None or found[0] <= now:
+            self._reads = {r: e for r, e in self._reads.items() if e[0] > now}
+            found = (now + self._ttl_s, asyncio.get_running_loop().create_task(self._read(rule)))
+            self._reads[rule] = found
+        return await asyncio.shield(found[1])
+
+    async def _read(self, rule: BudgetRule) -> Minutes | None:
+        self.queries += 1
+        try:
+            async with self._pool.connection(timeout=2) as conn:
+                return await rule_minutes(conn, rule)
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            log.warning("could not read budget rule %s's minutes for Retry-After: %s", rule.id, exc)
+            return None
+
+
+Refreshed = Callable[[dict[str, int], float], object]
+"""Told each new set of rule sums and the monotonic time its query started."""
+
+
+async def read_budgets(pool: AsyncConnectionPool, refreshed: Refreshed) -> bool:
+    """One refresh of the rules' sums; False (logged) when the database did not answer."""
+    started = time.monotonic()
+    try:
+        async with pool.connection(timeout=5) as conn:
+            used = await rule_usage(conn)
+    except (psycopg.Error, OSError, TimeoutError) as exc:
+        log.warning("budget usage refresh failed, keeping the last figures: %s", exc)
+        return False
+    refreshed(used, started)
+    return True
+
+
 async def refresh_budgets(
-    pool: AsyncConnectionPool, book: BudgetBook, *, interval_s: float = 1.0
+    pool: AsyncConnectionPool,
+    refreshed: Refreshed,
+    *,
+    interval_s: float = 1.0,
+    idle: Callable[[], None] = lambda: None,
 ) -> None:
-    """Forever: refresh the book's rollup sums every ``interval_s``."""
+    """Forever: refresh the rules' sums every ``interval_s``; ``idle`` runs after each try,
+    answered or not (the gateway keeps its budget holds alive there)."""
     while True:
         started = time.monotonic()
-        try:
-            async with pool.connection(timeout=5) as conn:
-                used = await rule_usage(conn)
-            book.refreshed(used, started_at=started)
-        except (psycopg.Error, OSError, TimeoutError) as exc:
-            log.warning("budget usage refresh failed, keeping the last figures: %s", exc)
+        await read_budgets(pool, refreshed)
+        idle()
         await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
 
 

@@ -111,6 +111,10 @@ class Directory(Protocol):
 
     def rules(self, principal: Principal) -> Sequence[BudgetRule]: ...
 
+    @property
+    def has_rules(self) -> bool:
+        """Whether any budget rule exists (admission then needs the rollups' figures)."""
+
     def rates(self, model: str) -> Rates | None: ...
 
 
@@ -160,6 +164,10 @@ class StaticDirectory:
 
     def rules(self, principal: Principal) -> Sequence[BudgetRule]:
         return ()
+
+    @property
+    def has_rules(self) -> bool:
+        return False
 
     def rates(self, model: str) -> Rates | None:
         return None
@@ -237,6 +245,10 @@ class CatalogDirectory:
         return self._rules.get(("tenant", principal.tenant), ()) + self._rules.get(
             ("project", project_id), ()
         )
+
+    @property
+    def has_rules(self) -> bool:
+        return bool(self._catalog.rules)
 
     def rates(self, model: str) -> Rates | None:
         return self._catalog.rates.get(model)

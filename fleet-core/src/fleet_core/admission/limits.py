@@ -1,5 +1,11 @@
 """The vocabulary shared by the limit policy and the stores: buckets, charges, decisions.
 
+A hold is a budget rule's reservation: the request's demand in the rule's dimension, kept in the
+store beside the buckets so that every gateway sees every other gateway's requests in flight
+(and settled ones the rollups do not show yet). A hold refuses when the rule's base (its rollups,
+as this gateway last read them) plus every live hold plus the demand would pass the rule's limit.
+Each hold expires unless its gateway touches it, so a crashed gateway's holds cannot leak forever.
+
 A bucket is a token bucket holding at most ``capacity`` units (the per-minute limit) and refilling
 ``capacity / 60`` units per second. A request reserves from every bucket that applies to it, all
 or nothing; afterwards it is settled: the unused part refunded, an overrun charged (a bucket may
@@ -17,6 +23,8 @@ __all__ = [
     "Charge",
     "Decision",
     "Dimension",
+    "Hold",
+    "HoldUpdate",
     "Level",
     "LimitStore",
     "StoreUnavailable",
@@ -49,12 +57,41 @@ class Charge:
 
 
 @dataclass(frozen=True, slots=True)
+class Hold:
+    """Hold ``amount`` against a budget rule's shared book, unless it would pass ``limit``."""
+
+    key: str
+    """The rule's book in the store; shares the tenant's hash tag with its buckets."""
+    id: str
+    """The hold's own name in the book (minted by the gateway, unique)."""
+    amount: int
+    limit: int
+    base: int
+    """What the rule's rollups count (as this gateway last read them), besides the holds."""
+    ttl_ms: int
+    """The hold is dropped this long after it was last written, unless touched again."""
+
+
+@dataclass(frozen=True, slots=True)
+class HoldUpdate:
+    """Set a hold to ``amount`` for another ``ttl_ms`` (settle, touch), or drop it (None)."""
+
+    key: str
+    id: str
+    amount: int | None
+    ttl_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     admitted: bool
     refused_by: Bucket | None = None
     """When refused: the refusing bucket that needs the longest wait."""
     retry_after: float = 0.0
     """Seconds until ``refused_by`` can hold its charge."""
+    refused_hold: int | None = None
+    """When a budget rule refused: the index of its hold; ``excess`` says by how much."""
+    excess: int = 0
 
 
 def hash_tag(key: str) -> str:
@@ -69,11 +106,16 @@ class StoreUnavailable(Exception):
 
 
 class LimitStore(Protocol):
-    async def reserve(self, charges: Sequence[Charge]) -> Decision:
-        """Take every charge, atomically, or none; one round trip."""
+    async def reserve(self, charges: Sequence[Charge], holds: Sequence[Hold] = ()) -> Decision:
+        """Take every charge and place every hold, atomically, or none; one round trip.
+
+        Budget holds are judged first: a refusal names the first hold that does not fit."""
 
     async def settle(self, charges: Sequence[Charge]) -> None:
         """Apply signed corrections (refunds capped at capacity); one round trip."""
+
+    async def update_holds(self, updates: Sequence[HoldUpdate]) -> None:
+        """Apply hold updates (settle, touch, drop); one round trip per tenant's hash tag."""
 
     async def ping(self) -> bool:
         """Whether the store answers now (for readiness probes)."""

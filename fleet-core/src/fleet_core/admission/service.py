@@ -3,19 +3,22 @@
 At admission a request reserves 1 request and its token estimate (prompt tokens the gateway
 counted + ``max_tokens``, or the policy's default when absent) from every bucket that applies, in
 one store call, all or nothing. When the request is over, it is settled to what it really used in
-one more call: the unused part refunded, an overrun charged. Settlement runs in the background so
-it never delays a response; settlements close together share one store call per tenant, and
-shutdown (`Admission.drain`) waits for every one still waiting or on its way.
+one more call: the unused part refunded, an overrun charged. Budget rules are held in the same
+store call as the buckets (`budgets`), and their holds settled, touched and dropped alongside.
+Settlement runs in the background so it never delays a response; settlements close together
+share one store call per tenant, and shutdown (`Admission.drain`) waits for every one still
+waiting or on its way.
 
 A reservation whose waiter is cancelled (the client left, or shutdown) while its store call is on
-the wire is given back by the store when the answer arrives (`store.BatchingStore`).
+the wire is given back by the store when the answer arrives (`store.BatchingStore`); its budget
+holds are dropped here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -26,6 +29,8 @@ from fleet_core.admission.limits import (
     Bucket,
     Charge,
     Decision,
+    Hold,
+    HoldUpdate,
     LimitStore,
     StoreUnavailable,
     hash_tag,
@@ -45,7 +50,7 @@ BudgetWait = Callable[[BudgetRule, int], Awaitable[float | None]]
 
 
 class AdmissionMetrics(Protocol):
-    def refused(self, *, level: str, dimension: str) -> None: ...
+    def refused(self, *, tenant: str, project: str, level: str, dimension: str) -> None: ...
 
     def store_error(self) -> None: ...
 
@@ -78,6 +83,7 @@ class Admission:
         self._prefix = prefix
         self._on_store_error = on_store_error
         self._pending: dict[Bucket, int] = {}
+        self._pending_holds: dict[tuple[str, str], HoldUpdate] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         """Settlements under way: drain awaits them."""
@@ -103,9 +109,14 @@ class Admission:
 
     async def ready(self) -> str | None:
         """Why admission cannot work right now, or None. Failing open never blocks readiness."""
+        if self._needs_usage():
+            return "budget rules' usage not loaded from the ledger yet"
         if self._on_store_error == "open" or await self._store.ping():
             return None
         return "rate limiter store unavailable (FLEET_RATE_ON_STORE_ERROR=closed)"
+
+    def _needs_usage(self) -> bool:
+        return not self._budgets.loaded and self._directory.has_rules
 
     def is_valid_key(self, secret: str) -> bool:
         return self._directory.lookup(secret) is not None
@@ -113,25 +124,33 @@ class Admission:
     async def admit(self, principal: Principal, demand: Amounts) -> Reservation:
         """Reserve or refuse: 403 inactive, 429 naming the limit or budget rule, 400 never fits.
 
-        Budget rules are checked and held in memory before the buckets are asked, with no
-        await in between, so concurrent requests cannot all pass one check; a refusal by the
-        buckets gives the hold back, leaving nothing reserved.
+        Budget holds and token buckets are taken in one store call, all or nothing, so
+        concurrent requests on any gateway cannot all pass one check. A reservation that does
+        not complete (refused, store down, caller cancelled) gives its holds back.
         """
         self._directory.check_active(principal)
         tokens = demand.tokens_input + demand.tokens_output
         rules = self._directory.rules(principal)
-        if rules and (over := self._budgets.over(rules, demand)):
-            raise await self._budget_refusal(principal, over)
-        hold = self._budgets.hold(rules, demand) if rules else None
+        hold, asks = None, list[Hold]()
+        if rules:
+            self._budgets.check(rules, demand)
+            if not self._budgets.loaded:
+                raise Unavailable(
+                    "Budget usage is not loaded from the ledger yet; retry shortly.",
+                    code="budgets_loading",
+                )
+            hold, asks = self._budgets.hold(rules, demand)
         try:
-            charges = await self._reserve(principal, tokens)
+            charges = await self._reserve(principal, tokens, hold, asks)
         except BaseException:
             if hold is not None:
-                self._budgets.release(hold)
+                self._queue_holds(self._budgets.release(hold))
             raise
         return Reservation(principal, tokens, charges, hold)
 
-    async def _reserve(self, principal: Principal, tokens: int) -> list[Charge]:
+    async def _reserve(
+        self, principal: Principal, tokens: int, hold: BudgetHold | None, holds: Sequence[Hold]
+    ) -> list[Charge]:
         charges = []
         for bucket in self._directory.buckets(principal, prefix=self._prefix):
             amount = 1 if bucket.dimension == "rpm" else tokens
@@ -142,13 +161,16 @@ class Admission:
                     param="max_tokens",
                 )
             charges.append(Charge(bucket, amount))
-        if not charges:
+        if not charges and not holds:
             return charges
         try:
-            decision = await self._store.reserve(charges)
+            decision = await self._store.reserve(charges, holds)
         except StoreUnavailable as exc:
             self._store_failed(exc)
             return []
+        if decision.refused_hold is not None and hold is not None:
+            rule = hold.rules[decision.refused_hold]
+            raise await self._budget_refusal(principal, rule, decision.excess)
         if not decision.admitted:
             raise self._refusal(principal, decision)
         return charges
@@ -159,15 +181,15 @@ class Admission:
         return task
 
     async def _budget_refusal(
-        self, principal: Principal, over: list[tuple[BudgetRule, int]]
+        self, principal: Principal, rule: BudgetRule, excess: int
     ) -> BudgetExceeded:
-        rule, excess = over[0]
-        self._metrics.refused(level=rule.scope_kind, dimension=rule.dimension)
-        wait = None
-        if self._budget_wait is not None:
-            waits = [await self._budget_wait(r, e) for r, e in over]
-            known = [w for w in waits if w is not None]
-            wait = max(known) if len(known) == len(waits) else None
+        self._metrics.refused(
+            tenant=principal.tenant,
+            project=principal.project,
+            level=rule.scope_kind,
+            dimension=rule.dimension,
+        )
+        wait = None if self._budget_wait is None else await self._budget_wait(rule, excess)
         when = (
             f"the window frees enough in {wait:.0f}s"
             if wait is not None
@@ -183,7 +205,12 @@ class Admission:
     def _refusal(self, principal: Principal, decision: Decision) -> RateLimited:
         refused = decision.refused_by
         assert refused is not None
-        self._metrics.refused(level=refused.level, dimension=refused.dimension)
+        self._metrics.refused(
+            tenant=principal.tenant,
+            project=principal.project,
+            level=refused.level,
+            dimension=refused.dimension,
+        )
         name = principal.tenant
         if refused.level == "project":
             name = f"{principal.tenant}/{principal.project}"
@@ -212,14 +239,30 @@ class Admission:
         the sum is the same correction; the only cost is that a refund lands a moment later.
         """
         if reservation.hold is not None:
-            self._budgets.settle(reservation.hold, used, request_id=request_id)
+            self._queue_holds(self._budgets.settle(reservation.hold, used, request_id=request_id))
         delta = used.tokens_input + used.tokens_output - reservation.tokens
         if delta == 0:
             return
         for charge in reservation.charges:
             if charge.bucket.dimension == "tpm":
                 self._pending[charge.bucket] = self._pending.get(charge.bucket, 0) + delta
-        if self._pending and self._flusher is None:
+        self._flush_later()
+
+    def budgets_refreshed(self, used: Mapping[str, int], started_at: float) -> None:
+        """New rollup figures: drop the holds every gateway now reads in the rollups."""
+        self._queue_holds(self._budgets.refreshed(used, started_at=started_at))
+
+    def keep_holds(self) -> None:
+        """Write this gateway's holds again before they expire (`budgets.BudgetBook.touches`)."""
+        self._queue_holds(self._budgets.touches())
+
+    def _queue_holds(self, updates: Sequence[HoldUpdate]) -> None:
+        for update in updates:  # the latest update of a hold wins: each one sets it whole
+            self._pending_holds[(update.key, update.id)] = update
+        self._flush_later()
+
+    def _flush_later(self) -> None:
+        if (self._pending or self._pending_holds) and self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
             self._track(self._flusher)
 
@@ -232,11 +275,22 @@ class Admission:
 
     async def _flush(self) -> None:
         pending, self._pending = self._pending, {}
+        holds, self._pending_holds = list(self._pending_holds.values()), {}
         by_tenant: dict[str, list[Charge]] = {}
         for bucket, amount in pending.items():
             if amount:
                 by_tenant.setdefault(hash_tag(bucket.key), []).append(Charge(bucket, amount))
-        await asyncio.gather(*(self._settle(charges) for charges in by_tenant.values()))
+        await asyncio.gather(
+            *(self._settle(charges) for charges in by_tenant.values()),
+            *([self._update_holds(holds)] if holds else []),
+        )
+
+    async def _update_holds(self, updates: list[HoldUpdate]) -> None:
+        try:
+            await self._store.update_holds(updates)
+        except StoreUnavailable as exc:
+            self._metrics.store_error()
+            log.warning("could not update budget holds (they expire on their own): %s", exc)
 
     async def _settle(self, fixes: list[Charge]) -> None:
         try:
@@ -248,7 +302,7 @@ class Admission:
     async def drain(self) -> None:
         """Send every settlement still waiting, and wait for those on their way (at shutdown,
         before the store's client closes). A store call under way may settle more: loop."""
-        while self._tasks or self._pending:
+        while self._tasks or self._pending or self._pending_holds:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             else:

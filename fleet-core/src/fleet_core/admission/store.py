@@ -4,6 +4,8 @@
 keeps them in Redis, so that every gateway process draws on the same buckets; each reserve and each
 settle is one Lua script call (one round trip, atomic across all of a request's buckets), timed by
 Redis's own clock. Both decide with the same arithmetic (`buckets`, which the scripts mirror).
+Budget holds live beside the buckets in the same store and are placed in the same call, so in
+Redis every gateway sees every other's holds (`limits.Hold`).
 
 This is the only module that talks to Redis for admission, so it is where Redis's exceptions
 become `StoreUnavailable`; what to do then (admit or refuse) is the policy's business, not ours.
@@ -27,14 +29,41 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from fleet_core.admission import buckets
-from fleet_core.admission.limits import Charge, Decision, StoreUnavailable, hash_tag
+from fleet_core.admission.limits import (
+    Charge,
+    Decision,
+    Hold,
+    HoldUpdate,
+    StoreUnavailable,
+    hash_tag,
+)
 
-__all__ = ["BatchingStore", "MemoryStore", "RedisStore", "open_redis_store"]
+__all__ = ["BatchingStore", "MemoryStore", "RedisStore", "expiry_key", "open_redis_store"]
 
 SWEEP_INTERVAL_S = 60.0
 """How often `MemoryStore` forgets expired buckets (a scan of all of them)."""
 NEVER_MS = -1
 """The admit script's retry_ms for an amount that can never fit."""
+HOLD_REFUSED = 2
+"""The admit script's verdict when a budget hold does not fit."""
+Ask = tuple[Sequence[Charge], Sequence[Hold]]
+"""One reservation: its bucket charges and its budget holds."""
+
+
+def expiry_key(book: str) -> str:
+    """The sorted set of a hold book's expiries (same hash tag as the book)."""
+    return f"{book}:expiry"
+
+
+@dataclass
+class _Book:
+    """One budget rule's holds in process memory: amount and expiry (clock reading) per hold."""
+
+    holds: dict[str, tuple[int, float]]
+
+    def live(self, now: float) -> int:
+        self.holds = {i: h for i, h in self.holds.items() if h[1] > now}
+        return sum(amount for amount, _ in self.holds.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,15 +80,20 @@ class MemoryStore:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._states: dict[str, _State] = {}
+        self._books: dict[str, _Book] = {}
         self._next_sweep = clock() + SWEEP_INTERVAL_S
 
     def __len__(self) -> int:
         """Buckets held: those touched within their time to live (and not yet swept)."""
         return len(self._states)
 
-    async def reserve(self, charges: Sequence[Charge]) -> Decision:
-        merged = _merged(charges)
+    async def reserve(self, charges: Sequence[Charge], holds: Sequence[Hold] = ()) -> Decision:
         now = self._now()
+        for index, hold in enumerate(holds):
+            excess = hold.base + self._book(hold.key).live(now) + hold.amount - hold.limit
+            if excess > 0:
+                return Decision(False, refused_hold=index, excess=excess)
+        merged = _merged(charges)
         levels = [self._level(charge, now) for charge in merged]
         refusal = buckets.admit(
             levels, [charge.amount for charge in merged], [c.bucket.capacity for c in merged]
@@ -68,7 +102,25 @@ class MemoryStore:
             return Decision(False, merged[refusal.index].bucket, refusal.retry_after)
         for charge, level in zip(merged, levels, strict=True):
             self._write(charge, level, now)
+        for hold in holds:
+            self._book(hold.key).holds[hold.id] = (hold.amount, now + hold.ttl_ms / 1000)
         return Decision(True)
+
+    async def update_holds(self, updates: Sequence[HoldUpdate]) -> None:
+        now = self._now()
+        for update in updates:
+            book = self._book(update.key)
+            if update.amount is None:
+                book.holds.pop(update.id, None)
+            else:
+                book.holds[update.id] = (update.amount, now + update.ttl_ms / 1000)
+
+    def held(self, key: str) -> int:
+        """The live sum of a rule's holds (for tests and checks)."""
+        return self._book(key).live(self._now())
+
+    def _book(self, key: str) -> _Book:
+        return self._books.setdefault(key, _Book({}))
 
     async def settle(self, charges: Sequence[Charge]) -> None:
         now = self._now()
@@ -80,11 +132,15 @@ class MemoryStore:
 
     async def aclose(self) -> None:
         self._states.clear()
+        self._books.clear()
 
     def _now(self) -> float:
         now = self._clock()
         if now >= self._next_sweep:
             self._states = {key: s for key, s in self._states.items() if s.expires > now}
+            for book in self._books.values():
+                book.live(now)
+            self._books = {key: book for key, book in self._books.items() if book.holds}
             self._next_sweep = now + SWEEP_INTERVAL_S
         return now
 
@@ -112,32 +168,60 @@ class RedisStore:
         # register_script gives EVALSHA, falling back to loading the script on NOSCRIPT.
         self._admit = client.register_script(_script_source("admit.lua"))
         self._settle = client.register_script(_script_source("settle.lua"))
+        self._holds = client.register_script(_script_source("holds.lua"))
 
-    async def reserve(self, charges: Sequence[Charge]) -> Decision:
-        [decision] = await self.reserve_many([charges])
+    async def reserve(self, charges: Sequence[Charge], holds: Sequence[Hold] = ()) -> Decision:
+        [decision] = await self.reserve_many([(charges, holds)])
         return decision
 
-    async def reserve_many(self, reservations: Sequence[Sequence[Charge]]) -> list[Decision]:
+    async def reserve_many(self, reservations: Sequence[Ask]) -> list[Decision]:
         """Judge several reservations in order, in one script call (all keys of one tenant)."""
-        merged = [_merged(charges) for charges in reservations]
-        sent = [m for m in merged if m]
+        merged = [(_merged(charges), holds) for charges, holds in reservations]
+        sent = [(m, h) for m, h in merged if m or h]
         if not sent:
             return [Decision(True) for _ in merged]
-        index: dict[str, int] = {}
+        buckets_at: dict[str, int] = {}
         capacities: list[int] = []
-        for charge in (c for m in sent for c in m):
-            if charge.bucket.key not in index:
-                index[charge.bucket.key] = len(index) + 1
+        for charge in (c for m, _ in sent for c in m):
+            if charge.bucket.key not in buckets_at:
+                buckets_at[charge.bucket.key] = len(buckets_at) + 1
                 capacities.append(charge.bucket.capacity)
-        args: list[int] = [*capacities, len(sent)]
-        for m in sent:
-            args.append(len(m))
-            args += [v for c in m for v in (index[c.bucket.key], c.amount)]
-        reply = iter(await self._run(self._admit, list(index), args))
+        rules_at: dict[str, int] = {}
+        rules: list[int | str] = []
+        for hold in (h for _, hs in sent for h in hs):
+            if hold.key not in rules_at:
+                rules_at[hold.key] = len(rules_at) + 1
+                rules += [hold.limit, hold.base]
+        args: list[int | str] = [len(capacities), *capacities, len(rules_at), *rules, len(sent)]
+        for m, hs in sent:
+            args += [len(m), *(v for c in m for v in (buckets_at[c.bucket.key], c.amount))]
+            args.append(len(hs))
+            args += [v for h in hs for v in (rules_at[h.key], h.id, h.amount, h.ttl_ms)]
+        keys = [*buckets_at, *(k for book in rules_at for k in (book, expiry_key(book)))]
+        reply = iter(await self._run(self._admit, keys, args))
         return [
-            _decision([next(reply), next(reply), next(reply)], m) if m else Decision(True)
-            for m in merged
+            _decision([next(reply), next(reply), next(reply)], m) if m or h else Decision(True)
+            for m, h in merged
         ]
+
+    async def update_holds(self, updates: Sequence[HoldUpdate]) -> None:
+        by_book: dict[str, list[HoldUpdate]] = {}
+        for update in updates:
+            by_book.setdefault(update.key, []).append(update)
+        by_tag: dict[str, list[str]] = {}
+        for book in by_book:
+            by_tag.setdefault(hash_tag(book), []).append(book)
+        for books in by_tag.values():
+            keys = [k for book in books for k in (book, expiry_key(book))]
+            args: list[int | str] = []
+            for book in books:
+                args.append(len(by_book[book]))
+                args += [
+                    v
+                    for u in by_book[book]
+                    for v in (u.id, -1 if u.amount is None else u.amount, u.ttl_ms)
+                ]
+            await self._run(self._holds, keys, args)
 
     async def settle(self, charges: Sequence[Charge]) -> None:
         merged = [charge for charge in _merged(charges) if charge.amount != 0]
@@ -155,7 +239,7 @@ class RedisStore:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _run(self, script: AsyncScript, keys: list[str], args: list[int]) -> Any:
+    async def _run(self, script: AsyncScript, keys: list[str], args: Sequence[int | str]) -> Any:
         try:
             return await script(keys=keys, args=args)
         except (RedisError, OSError) as exc:  # OSError: a socket error redis-py did not wrap
@@ -176,29 +260,31 @@ class BatchingStore:
 
     def __init__(self, store: RedisStore) -> None:
         self._store = store
-        self._queue: list[tuple[Sequence[Charge], asyncio.Future[Decision]]] = []
+        self._queue: list[tuple[Ask, asyncio.Future[Decision]]] = []
         self._sending: set[asyncio.Task[None]] = set()
 
-    async def reserve(self, charges: Sequence[Charge]) -> Decision:
+    async def reserve(self, charges: Sequence[Charge], holds: Sequence[Hold] = ()) -> Decision:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Decision] = loop.create_future()
         if not self._queue:
             loop.call_soon(self._flush)
-        self._queue.append((charges, future))
+        self._queue.append(((charges, holds), future))
         try:
             return await future
         except asyncio.CancelledError:
             # Answered, but cancelled before the waiter resumed: the answer is lost with it.
+            # (Its budget holds are the caller's to release: `Admission.admit` does.)
             if future.done() and not future.cancelled() and future.result().admitted:
                 self._spawn(self._give_back(charges))
             raise
 
     def _flush(self) -> None:
         queue, self._queue = self._queue, []
-        groups: dict[str, list[tuple[Sequence[Charge], asyncio.Future[Decision]]]] = {}
+        groups: dict[str, list[tuple[Ask, asyncio.Future[Decision]]]] = {}
         for item in queue:
-            tag = hash_tag(item[0][0].bucket.key) if item[0] else ""
-            groups.setdefault(tag, []).append(item)
+            charges, holds = item[0]
+            first = charges[0].bucket.key if charges else holds[0].key if holds else ""
+            groups.setdefault(hash_tag(first), []).append(item)
         for group in groups.values():
             self._spawn(self._send(group))
 
@@ -207,16 +293,16 @@ class BatchingStore:
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _send(self, group: list[tuple[Sequence[Charge], asyncio.Future[Decision]]]) -> None:
+    async def _send(self, group: list[tuple[Ask, asyncio.Future[Decision]]]) -> None:
         try:
-            decisions = await self._store.reserve_many([charges for charges, _ in group])
+            decisions = await self._store.reserve_many([ask for ask, _ in group])
         except StoreUnavailable as exc:
             for _, future in group:
                 if not future.done():
                     future.set_exception(exc)
             return
         orphans: list[Charge] = []
-        for (charges, future), decision in zip(group, decisions, strict=True):
+        for ((charges, _), future), decision in zip(group, decisions, strict=True):
             if not future.done():
                 future.set_result(decision)
             elif decision.admitted:  # its waiter was cancelled: nobody else will give it back
@@ -230,6 +316,9 @@ class BatchingStore:
 
     async def settle(self, charges: Sequence[Charge]) -> None:
         await self._store.settle(charges)
+
+    async def update_holds(self, updates: Sequence[HoldUpdate]) -> None:
+        await self._store.update_holds(updates)
 
     async def ping(self) -> bool:
         return await self._store.ping()
@@ -271,6 +360,8 @@ def _merged(charges: Sequence[Charge]) -> list[Charge]:
 def _decision(reply: list[int], charges: Sequence[Charge]) -> Decision:
     if reply[0] == 1:
         return Decision(True)
+    if reply[0] == HOLD_REFUSED:
+        return Decision(False, refused_hold=reply[1] - 1, excess=reply[2])
     _, index, retry_ms = reply
     retry_after = math.inf if retry_ms == NEVER_MS else retry_ms / 1000
     return Decision(False, charges[index - 1].bucket, retry_after)

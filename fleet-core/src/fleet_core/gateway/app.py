@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 
@@ -24,9 +23,10 @@ from fleet_core.admission.budgets import BudgetBook, free_after
 from fleet_core.admission.catalog import (
     CatalogWatcher,
     KeyUsage,
+    RuleMinutes,
     load_catalog,
+    read_budgets,
     refresh_budgets,
-    rule_minutes,
 )
 from fleet_core.admission.directory import BudgetRule, CatalogDirectory, Directory, StaticDirectory
 from fleet_core.admission.limits import LimitStore
@@ -62,6 +62,7 @@ class DatabaseMode:
     key_usage: KeyUsage
     budgets: BudgetBook
     ledger: LedgerWriter
+    minutes: RuleMinutes
 
 
 @dataclass
@@ -78,10 +79,11 @@ class GatewayResources:
 
 @contextlib.asynccontextmanager
 async def open_database_mode(
-    settings: DatabaseModeSettings, *, default_max_tokens: int
+    settings: DatabaseModeSettings, *, default_max_tokens: int, prefix: str = ""
 ) -> AsyncIterator[DatabaseMode]:
-    """Open the pool (refusing to start without the database), load the first catalog, and
-    start the ledger writer; closing flushes the ledger and the keys' last use."""
+    """Open the pool (refusing to start without the database), load the first catalog and the
+    budget rules' usage (so budgets hold from the first request), and start the ledger writer;
+    closing flushes the ledger and the keys' last use."""
     async with open_pool(settings.url) as pool:
         async with pool.connection() as conn:
             catalog = await load_catalog(conn)
@@ -89,7 +91,12 @@ async def open_database_mode(
         directory = CatalogDirectory(
             catalog, default_max_tokens=default_max_tokens, on_seen=key_usage.seen
         )
-        budgets = BudgetBook()
+        budgets = BudgetBook(
+            prefix=prefix,
+            ttl_s=settings.budget_hold_ttl_s,
+            grace_s=2 * settings.budget_refresh_s,
+        )
+        await read_budgets(pool, lambda used, started: budgets.refreshed(used, started_at=started))
         ledger = LedgerWriter(
             pool,
             spool_path=settings.spool_path,
@@ -97,7 +104,8 @@ async def open_database_mode(
         )
         async with ledger:
             try:
-                yield DatabaseMode(settings, pool, directory, key_usage, budgets, ledger)
+                minutes = RuleMinutes(pool, ttl_s=settings.budget_refresh_s)
+                yield DatabaseMode(settings, pool, directory, key_usage, budgets, ledger, minutes)
             finally:
                 await key_usage.flush()
 
@@ -121,6 +129,7 @@ async def open_resources(settings: GatewaySettings) -> AsyncIterator[GatewayReso
                     open_database_mode(
                         settings.database,
                         default_max_tokens=settings.admission.policy.default_max_tokens,
+                        prefix=settings.admission.redis_prefix,
                     )
                 )
             session = await stack.enter_async_context(
@@ -184,7 +193,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(checker.run(router.current), name="health")]
         if database is not None:
-            tasks += database_tasks(database)
+            tasks += database_tasks(database, admission)
         if tokenizers is not None:
             with contextlib.suppress(TimeoutError):  # first requests counted right if we can
                 await asyncio.wait_for(tokenizers.fetch(registry_tokenizers()), timeout=5)
@@ -239,17 +248,17 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     )
     app.state.router = router
     app.state.admission = admission
+    app.state.database = database
     return app
 
 
 def budget_wait(database: DatabaseMode) -> BudgetWait:
-    """How long until a refusing rule frees enough: read from its minutes, only when refusing."""
+    """How long until a refusing rule frees enough: read from its minutes (cached per rule for a
+    refresh interval), only when refusing."""
 
     async def wait(rule: BudgetRule, excess: int) -> float | None:
-        try:
-            async with database.pool.connection(timeout=2) as conn:
-                minutes = await rule_minutes(conn, rule)
-        except (psycopg.Error, OSError, TimeoutError):
+        minutes = await database.minutes.get(rule)
+        if minutes is None:
             return None
         return free_after(
             minutes,
@@ -262,7 +271,7 @@ def budget_wait(database: DatabaseMode) -> BudgetWait:
     return wait
 
 
-def database_tasks(database: DatabaseMode) -> list[asyncio.Task[None]]:
+def database_tasks(database: DatabaseMode, admission: Admission) -> list[asyncio.Task[None]]:
     """The loops that keep database mode current: catalog, budget usage, keys' last use."""
     pool, options = database.pool, database.settings
     watcher = CatalogWatcher(
@@ -271,7 +280,12 @@ def database_tasks(database: DatabaseMode) -> list[asyncio.Task[None]]:
     return [
         asyncio.create_task(watcher.run(), name="catalog"),
         asyncio.create_task(
-            refresh_budgets(pool, database.budgets, interval_s=options.budget_refresh_s),
+            refresh_budgets(
+                pool,
+                admission.budgets_refreshed,
+                interval_s=options.budget_refresh_s,
+                idle=admission.keep_holds,
+            ),
             name="budgets",
         ),
         asyncio.create_task(database.key_usage.run(), name="key-usage"),

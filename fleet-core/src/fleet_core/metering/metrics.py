@@ -88,8 +88,8 @@ class GatewayMetrics:
         )
         self._refusals = Counter(
             "fleet_rate_limit_refusals_total",
-            "Requests refused by a rate limit.",
-            ("level", "dimension"),
+            "Requests refused by a rate limit or budget rule, by tenant and project (never key).",
+            ("tenant", "project", "level", "dimension"),
             registry=registry,
         )
         self._store_errors = Counter(
@@ -124,8 +124,12 @@ class GatewayMetrics:
     def request_finished(self, model: str) -> None:
         self._in_flight.labels(model).dec()
 
-    def refused(self, *, level: str, dimension: str) -> None:
-        self._refusals.labels(_keyless(level), _keyless(dimension)).inc()
+    def refused(self, *, tenant: str, project: str, level: str, dimension: str) -> None:
+        """One request refused by a limit or budget; ``tenant``/``project`` are names, never a
+        key (a value that looks like one becomes ``invalid``)."""
+        self._refusals.labels(
+            _keyless(tenant), _keyless(project), _keyless(level), _keyless(dimension)
+        ).inc()
 
     def store_error(self) -> None:
         self._store_errors.inc()

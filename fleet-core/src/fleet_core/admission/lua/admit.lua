@@ -1,21 +1,26 @@
--- Admit requests against their buckets, each all or nothing, in one round trip (P5).
+-- Admit requests against their buckets and budget holds, each all or nothing, in one round trip.
 --
 -- One call carries one or more reservations (the gateway batches the reservations of one tenant
--- that arrive in the same event-loop tick); they are judged in order, each seeing the levels the
--- ones before it left, exactly as if they had come one call each.
+-- that arrive in the same event-loop tick); they are judged in order, each seeing the levels and
+-- holds the ones before it left, exactly as if they had come one call each.
 --
--- KEYS[i]           bucket i: a hash {level, ts}; absent means full. All keys share a hash tag.
--- ARGV[i], i <= #KEYS   bucket i's capacity (per minute; it refills capacity/60 per second)
--- ARGV[#KEYS + 1]   R, the number of reservations; then for each: n, and n pairs
---                   (bucket index, amount to take)
+-- KEYS[1..B]        the buckets: each a hash {level, ts}; absent means full.
+-- KEYS[B+2r-1], KEYS[B+2r]   budget rule r's book: a hash {sum, <hold id> = amount} and a sorted
+--                   set <hold id> -> expiry (ms). All keys share the tenant's hash tag.
+-- ARGV[1]           B, the number of buckets; ARGV[1+i], i <= B: bucket i's capacity (per minute)
+-- then              H, the number of rules; for each: its limit and its base (the rollups' figure)
+-- then              R, the number of reservations; for each: n and n pairs (bucket index, amount
+--                   to take), then m and m quads (rule index, hold id, amount, ttl_ms)
 --
--- Returns three numbers per reservation: {1, 0, 0} when every bucket held its amount (all were
--- charged), else {0, j, retry_ms}: j is the reservation's refusing pair with the longest wait,
--- retry_ms that wait rounded up (-1: never fits), and nothing of that reservation was charged.
--- Time is Redis's own (TIME), so every gateway shares one clock.
+-- Returns three numbers per reservation: {1, 0, 0} when every hold fit and every bucket held its
+-- amount (all were taken); {2, k, excess} when hold k would take its rule past the limit (by
+-- excess); else {0, j, retry_ms}: j is the reservation's refusing pair with the longest wait,
+-- retry_ms that wait rounded up (-1: never fits). A refused reservation takes nothing.
+-- Time is Redis's own (TIME), so every gateway shares one clock; expired holds are dropped first.
 --
--- The helpers repeat fleet_core/admission/buckets.py operation for operation (and settle.lua
--- repeats them here: a script cannot include another). Change all three together.
+-- The bucket helpers repeat fleet_core/admission/buckets.py operation for operation (and
+-- settle.lua repeats them here: a script cannot include another); the hold helpers are repeated
+-- in holds.lua and mirrored by store.MemoryStore. Change them together.
 
 local MIN_TTL_S = 120
 
@@ -60,43 +65,102 @@ local function store(key, level, capacity, now)
   redis.call('PEXPIRE', key, string.format('%d', math.ceil(ttl(level, capacity) * 1000)))
 end
 
-local now = clock()
-local count = #KEYS
-local capacities, levels, touched = {}, {}, {}
-for i = 1, count do
-  capacities[i] = tonumber(ARGV[i])
-  levels[i] = current(KEYS[i], capacities[i], now)
+local PURGE_MAX = 100
+
+local function keep(key, ttl_ms)
+  if redis.call('PTTL', key) < ttl_ms then
+    redis.call('PEXPIRE', key, ttl_ms)
+  end
 end
 
-local out = {}
+-- The book's live sum, after dropping (at most PURGE_MAX of) the holds that expired.
+local function held(book, expiry, now_ms)
+  local expired = redis.call('ZRANGEBYSCORE', expiry, '-inf', now_ms, 'LIMIT', 0, PURGE_MAX)
+  for _, id in ipairs(expired) do
+    local amount = redis.call('HGET', book, id)
+    redis.call('ZREM', expiry, id)
+    if amount then
+      redis.call('HDEL', book, id)
+      redis.call('HINCRBY', book, 'sum', -tonumber(amount))
+    end
+  end
+  return tonumber(redis.call('HGET', book, 'sum') or '0')
+end
+
+local function put(book, expiry, id, amount, ttl_ms, now_ms)
+  local old = tonumber(redis.call('HGET', book, id) or '0')
+  redis.call('HSET', book, id, amount)
+  redis.call('HINCRBY', book, 'sum', amount - old)
+  redis.call('ZADD', expiry, now_ms + ttl_ms, id)
+  keep(book, ttl_ms)
+  keep(expiry, ttl_ms)
+end
+
+local now = clock()
+local now_ms = math.floor(now * 1000)
+local count = tonumber(ARGV[1])
+local capacities, levels, touched = {}, {}, {}
+for i = 1, count do
+  capacities[i] = tonumber(ARGV[1 + i])
+  levels[i] = current(KEYS[i], capacities[i], now)
+end
 local pos = count + 2
-for _ = 1, tonumber(ARGV[count + 1]) do
-  local n = tonumber(ARGV[pos])
-  local worst, worst_wait = 0, -1
-  for j = 1, n do
-    local i, amount = tonumber(ARGV[pos + 2 * j - 1]), tonumber(ARGV[pos + 2 * j])
-    if levels[i] < amount then
-      local wait = retry_after(levels[i], amount, capacities[i])
-      if wait > worst_wait then
-        worst, worst_wait = j, wait
+local rules = tonumber(ARGV[pos])
+local limits, sums = {}, {}
+for r = 1, rules do
+  limits[r] = tonumber(ARGV[pos + 2 * r - 1]) - tonumber(ARGV[pos + 2 * r])
+  sums[r] = held(KEYS[count + 2 * r - 1], KEYS[count + 2 * r], now_ms)
+end
+pos = pos + 1 + 2 * rules
+
+local out = {}
+for _ = 1, tonumber(ARGV[pos]) do
+  local n = tonumber(ARGV[pos + 1])
+  local pairs_at = pos + 1
+  local m = tonumber(ARGV[pairs_at + 2 * n + 1])
+  local quads_at = pairs_at + 2 * n + 1
+  local verdict, which, figure = 1, 0, 0
+  for k = 1, m do
+    local r, amount = tonumber(ARGV[quads_at + 4 * k - 3]), tonumber(ARGV[quads_at + 4 * k - 1])
+    local excess = sums[r] + amount - limits[r]
+    if excess > 0 then
+      verdict, which, figure = 2, k, excess
+      break
+    end
+  end
+  if verdict == 1 then
+    local worst_wait = -1
+    for j = 1, n do
+      local i, amount = tonumber(ARGV[pairs_at + 2 * j - 1]), tonumber(ARGV[pairs_at + 2 * j])
+      if levels[i] < amount then
+        local wait = retry_after(levels[i], amount, capacities[i])
+        if wait > worst_wait then
+          verdict, which, worst_wait = 0, j, wait
+        end
+      end
+    end
+    if verdict == 0 then
+      figure = -1
+      if worst_wait ~= math.huge then
+        figure = math.ceil(worst_wait * 1000)
       end
     end
   end
-  if worst > 0 then
-    local retry_ms = -1
-    if worst_wait ~= math.huge then
-      retry_ms = math.ceil(worst_wait * 1000)
-    end
-    out[#out + 1], out[#out + 2], out[#out + 3] = 0, worst, retry_ms
-  else
+  if verdict == 1 then
     for j = 1, n do
-      local i, amount = tonumber(ARGV[pos + 2 * j - 1]), tonumber(ARGV[pos + 2 * j])
+      local i, amount = tonumber(ARGV[pairs_at + 2 * j - 1]), tonumber(ARGV[pairs_at + 2 * j])
       levels[i] = math.min(capacities[i], levels[i] - amount)
       touched[i] = true
     end
-    out[#out + 1], out[#out + 2], out[#out + 3] = 1, 0, 0
+    for k = 1, m do
+      local at = quads_at + 4 * k - 4
+      local r, amount = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 3])
+      put(KEYS[count + 2 * r - 1], KEYS[count + 2 * r], ARGV[at + 2], amount, tonumber(ARGV[at + 4]), now_ms)
+      sums[r] = sums[r] + amount
+    end
   end
-  pos = pos + 1 + 2 * n
+  out[#out + 1], out[#out + 2], out[#out + 3] = verdict, which, figure
+  pos = quads_at + 4 * m
 end
 
 for i = 1, count do
