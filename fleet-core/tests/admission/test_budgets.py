@@ -32,9 +32,7 @@ def test_every_dimension_reads_its_own_figure() -> None:
     ] == [50, 30, 20, 10, 20, 7]
 
 
-async def test_a_hold_counts_until_settled_then_until_every_rollup_shows_it() -> (
-    None
-):
+async def test_a_hold_counts_until_settled_then_until_every_rollup_shows_it() -> None:
     store = MemoryStore()
     book = BudgetBook(grace_s=2.0)
     book.refreshed({}, started_at=0.0)

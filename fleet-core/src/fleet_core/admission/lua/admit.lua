@@ -67,6 +67,13 @@ end
 
 local PURGE_MAX = 100
 
+-- HINCRBY takes integers only; Lua would send 0 negated as "-0", which it refuses.
+local function add(book, delta)
+  if delta ~= 0 then
+    redis.call('HINCRBY', book, 'sum', string.format('%d', delta))
+  end
+end
+
 local function keep(key, ttl_ms)
   if redis.call('PTTL', key) < ttl_ms then
     redis.call('PEXPIRE', key, ttl_ms)
@@ -81,7 +88,7 @@ local function held(book, expiry, now_ms)
     redis.call('ZREM', expiry, id)
     if amount then
       redis.call('HDEL', book, id)
-      redis.call('HINCRBY', book, 'sum', -tonumber(amount))
+      add(book, -tonumber(amount))
     end
   end
   return tonumber(redis.call('HGET', book, 'sum') or '0')
@@ -89,8 +96,8 @@ end
 
 local function put(book, expiry, id, amount, ttl_ms, now_ms)
   local old = tonumber(redis.call('HGET', book, id) or '0')
-  redis.call('HSET', book, id, amount)
-  redis.call('HINCRBY', book, 'sum', amount - old)
+  redis.call('HSET', book, id, string.format('%d', amount))
+  add(book, amount - old)
   redis.call('ZADD', expiry, now_ms + ttl_ms, id)
   keep(book, ttl_ms)
   keep(expiry, ttl_ms)

@@ -8,6 +8,13 @@
 -- Returns nothing. Time is Redis's own (TIME). The helpers repeat admit.lua's; change them
 -- together (and store.MemoryStore, which mirrors them).
 
+-- HINCRBY takes integers only; Lua would send 0 negated as "-0", which it refuses.
+local function add(book, delta)
+  if delta ~= 0 then
+    redis.call('HINCRBY', book, 'sum', string.format('%d', delta))
+  end
+end
+
 local function keep(key, ttl_ms)
   if redis.call('PTTL', key) < ttl_ms then
     redis.call('PEXPIRE', key, ttl_ms)
@@ -16,8 +23,8 @@ end
 
 local function put(book, expiry, id, amount, ttl_ms, now_ms)
   local old = tonumber(redis.call('HGET', book, id) or '0')
-  redis.call('HSET', book, id, amount)
-  redis.call('HINCRBY', book, 'sum', amount - old)
+  redis.call('HSET', book, id, string.format('%d', amount))
+  add(book, amount - old)
   redis.call('ZADD', expiry, now_ms + ttl_ms, id)
   keep(book, ttl_ms)
   keep(expiry, ttl_ms)
@@ -28,7 +35,7 @@ local function drop(book, expiry, id)
   redis.call('ZREM', expiry, id)
   if amount then
     redis.call('HDEL', book, id)
-    redis.call('HINCRBY', book, 'sum', -tonumber(amount))
+    add(book, -tonumber(amount))
   end
 end
 
