@@ -22,6 +22,8 @@ everything is integer arithmetic. ADR 0004 says what is still approximate.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from collections import OrderedDict
@@ -134,6 +136,9 @@ class BudgetBook:
         self._settled: OrderedDict[str, str] = OrderedDict()
         """Request id -> hold id, for holds settled and waiting for the rollups."""
         self._touched_at = time.monotonic()
+        self.wanted = asyncio.Event()
+        """Set when a request meets a rule the last refresh did not cover: refresh now."""
+        self._learned = asyncio.Event()
 
     @property
     def ttl_s(self) -> float:
@@ -142,6 +147,19 @@ class BudgetBook:
     def usage(self, rule_id: str) -> int:
         """What the rollups count against a rule (as last read)."""
         return self._used.get(rule_id, 0)
+
+    def knows(self, rules: Sequence[BudgetRule]) -> bool:
+        """Whether the last refresh covered every one of ``rules`` (a new rule: not yet)."""
+        return all(rule.id in self._used for rule in rules)
+
+    async def learn(self, rules: Sequence[BudgetRule], *, timeout_s: float) -> bool:
+        """Ask for a refresh and wait until it covers ``rules``; False if it did not in time."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while not self.knows(rules):
+                    self.wanted.set()
+                    await self._learned.wait()
+        return self.knows(rules)
 
     def unrolled(self, rule_id: str) -> int:
         """Usage settled here that the rollups may not show yet."""
@@ -215,6 +233,8 @@ class BudgetBook:
         """
         self._used = dict(used)
         self.loaded = True
+        self._learned.set()  # wakes whoever waits in `learn`; the next ones wait on a new one
+        self._learned = asyncio.Event()
         cutoff = started_at - self._grace_s
         done = [
             rid

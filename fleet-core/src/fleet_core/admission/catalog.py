@@ -18,6 +18,7 @@ While the database is away the gateway keeps serving on the last snapshot it loa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -193,14 +194,20 @@ async def refresh_budgets(
     *,
     interval_s: float = 1.0,
     idle: Callable[[], None] = lambda: None,
+    wanted: asyncio.Event | None = None,
 ) -> None:
-    """Forever: refresh the rules' sums every ``interval_s``; ``idle`` runs after each try,
-    answered or not (the gateway keeps its budget holds alive there)."""
+    """Forever: refresh the rules' sums every ``interval_s``, or at once when ``wanted`` is set
+    (a request met a rule not yet read); ``idle`` runs after each try, answered or not (the
+    gateway keeps its budget holds alive there)."""
+    wanted = wanted or asyncio.Event()
     while True:
         started = time.monotonic()
+        wanted.clear()
         await read_budgets(pool, refreshed)
         idle()
-        await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, interval_s - (time.monotonic() - started))):
+                await wanted.wait()
 
 
 class CatalogWatcher:

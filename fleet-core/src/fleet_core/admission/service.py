@@ -41,6 +41,8 @@ __all__ = ["Admission", "AdmissionMetrics", "BudgetWait", "Reservation"]
 
 log = logging.getLogger("fleet.admission")
 OnStoreError = Literal["closed", "open"]
+LEARN_TIMEOUT_S = 3.0
+"""How long a request waits for the first figures of a rule it is subject to (a new rule)."""
 SETTLE_WINDOW_S = 0.002
 """How long a settlement waits for others to share its round trip."""
 
@@ -134,10 +136,12 @@ class Admission:
         hold, asks = None, list[Hold]()
         if rules:
             self._budgets.check(rules, demand)
-            if not self._budgets.loaded:
+            if not self._budgets.knows(rules) and not await self._budgets.learn(
+                rules, timeout_s=LEARN_TIMEOUT_S
+            ):
                 raise Unavailable(
-                    "Budget usage is not loaded from the ledger yet; retry shortly.",
-                    code="budgets_loading",
+                    "A budget rule's usage could not be read from the ledger yet; retry shortly.",
+                    code="budget_usage_unknown",
                 )
             hold, asks = self._budgets.hold(rules, demand)
         try:

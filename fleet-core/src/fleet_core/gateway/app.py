@@ -285,6 +285,7 @@ def database_tasks(database: DatabaseMode, admission: Admission) -> list[asyncio
                 admission.budgets_refreshed,
                 interval_s=options.budget_refresh_s,
                 idle=admission.keep_holds,
+                wanted=database.budgets.wanted,
             ),
             name="budgets",
         ),

@@ -1,0 +1,184 @@
+"""Budget rules across gateway replicas, after a restart, and when a tenant stays over budget.
+
+Real parts only: a fresh Postgres database with the control plane over loopback, one Redis
+shared by two gateways in database mode (each with its own pool, ledger writer, Redis client and
+budget book, as two processes would have), a stub engine streaming slowly, raw HTTP clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
+from fleet_core.apiserver.app import open_resources as open_apiserver
+from fleet_core.settings import AdmissionSettings, DatabaseModeSettings, LogSettings
+from fleet_core.stub_engine import running_app
+
+from .conftest import GatewayFactory, Served, StubFactory
+
+MODEL = "m1"
+MSG = [{"role": "user", "content": "hi"}]
+WORDS = 400
+"""The stub's reply is this many words: a 400-token stream, as in the issue."""
+
+
+@dataclass
+class Fleet:
+    api: httpx.AsyncClient
+    http: httpx.AsyncClient
+    database_url: str
+    engine_url: str
+    start: Callable[..., Awaitable[Served]]
+    key: str = ""
+
+    async def call(self, path: str, body: dict[str, Any], *, status: int = 201) -> Any:
+        response = await self.api.post(path, json=body)
+        assert response.status_code == status, response.text
+        return response.json()
+
+    async def chat(self, gateway: Served, **extra: Any) -> int:
+        """One streamed request read to its end; its status."""
+        body = {"model": MODEL, "messages": MSG, "stream": True, **extra}
+        headers = {"Authorization": f"Bearer {self.key}"}
+        url = f"{gateway.url}/v1/chat/completions"
+        async with self.http.stream("POST", url, json=body, headers=headers) as response:
+            await response.aread()
+            return response.status_code
+
+    async def billed(self, *, rows: int, timeout_s: float = 15.0) -> list[tuple[str, int]]:
+        """(outcome, tokens) of the ledger's rows once it holds ``rows``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            async with await psycopg.AsyncConnection.connect(self.database_url) as conn:
+                cur = await conn.execute(
+                    "SELECT outcome, prompt_tokens + completion_tokens FROM ledger"
+                )
+                found = [(str(o), int(t)) for o, t in await cur.fetchall()]
+            if len(found) >= rows or time.monotonic() > deadline:
+                return found
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def fleet(
+    postgres_url: str,
+    redis_url: str,
+    redis_prefix: str,
+    start_stub: StubFactory,
+    start_gateway: GatewayFactory,
+    tmp_path: Path,
+) -> AsyncIterator[Fleet]:
+    async with contextlib.AsyncExitStack() as stack:
+        settings = ApiserverSettings(database_url=postgres_url, log=LogSettings(access=False))
+        resources = await stack.enter_async_context(open_apiserver(settings))
+        api_url = await stack.enter_async_context(
+            running_app(create_apiserver_app(settings, resources))
+        )
+        api = await stack.enter_async_context(httpx.AsyncClient(base_url=api_url))
+        http = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
+        engine = await start_stub(model=MODEL, reply=" ".join(["w"] * WORDS), token_delay_ms=4)
+        count = 0
+
+        async def start(refresh_s: float = 0.2) -> Served:
+            nonlocal count
+            count += 1
+            database = DatabaseModeSettings(
+                url=postgres_url,
+                spool_path=tmp_path / f"spool{count}" / "ledger.jsonl",
+                catalog_poll_s=0.5,
+                budget_refresh_s=refresh_s,
+                key_usage_interval_s=0.2,
+            )
+            shared = AdmissionSettings(redis_url=redis_url, redis_prefix=redis_prefix)
+            config = {"upstreams": [{"id": MODEL, "model": MODEL, "base_url": engine.url}]}
+            return await start_gateway(config, database=database, admission=shared)
+
+        fleet = Fleet(api, http, postgres_url, engine.url, start)
+        await fleet.call("/api/v1/tenants", {"id": "acme", "name": "Acme"})
+        await fleet.call("/api/v1/projects", {"tenantId": "acme", "name": "research"})
+        issued = await fleet.call("/api/v1/keys", {"projectId": "acme/research", "label": "t"})
+        fleet.key = issued["secret"]
+        yield fleet
+
+
+async def add_rule(fleet: Fleet, limit: int) -> None:
+    body = {
+        "scopeKind": "project",
+        "scopeId": "acme/research",
+        "dimension": "tokens_total",
+        "limit": limit,
+        "window": "1h",
+    }
+    await fleet.call("/api/v1/budget-rules", body)
+    await asyncio.sleep(1.2)  # the rule reaches every gateway (notification, or the poll)
+
+
+async def test_requests_in_flight_on_one_gateway_count_on_another(fleet: Fleet) -> None:
+    """The issue's reproduction: rule 1,000 tokens/hour, three 400-token streams on gateway A,
+    then three on gateway B while A's are still streaming. Before, B saw none of A's holds and
+    1,604 tokens were served; now only two streams fit in all."""
+    a, b = await fleet.start(), await fleet.start()
+    await add_rule(fleet, 1000)
+
+    on_a = [asyncio.create_task(fleet.chat(a, max_tokens=WORDS)) for _ in range(3)]
+    await asyncio.sleep(0.3)  # A's are admitted and streaming (400 tokens take 1.6 s)
+    on_b = [asyncio.create_task(fleet.chat(b, max_tokens=WORDS)) for _ in range(3)]
+    statuses = await asyncio.gather(*on_a, *on_b)
+
+    assert sorted(statuses) == [200, 200, 429, 429, 429, 429], statuses
+    rows = await fleet.billed(rows=6)
+    served = sum(tokens for outcome, tokens in rows if outcome == "ok")
+    assert served <= 1000, rows
+
+
+async def test_budgets_hold_from_the_first_request_after_a_restart(fleet: Fleet) -> None:
+    """A gateway started while a rule is already used up refuses at once (before, the first
+    requests passed until its first background refresh of the rollups)."""
+    first = await fleet.start()
+    assert await fleet.chat(first, max_tokens=WORDS) == 200
+    await fleet.billed(rows=1)
+    await add_rule(fleet, 600)  # 400-odd used: another 400 does not fit
+
+    restarted = await fleet.start(refresh_s=30.0)  # its loop would not refresh for 30 s
+    statuses = await asyncio.gather(*(fleet.chat(restarted, max_tokens=WORDS) for _ in range(5)))
+
+    assert statuses == [429] * 5
+    ready = await fleet.http.get(f"{restarted.url}/readyz")
+    assert ready.status_code == 200, ready.text
+
+
+async def test_a_tenant_over_budget_costs_one_query_per_rule_and_shows_in_metrics(
+    fleet: Fleet,
+) -> None:
+    gateway = await fleet.start(refresh_s=5.0)
+    assert await fleet.chat(gateway, max_tokens=WORDS) == 200
+    await fleet.billed(rows=1)
+    await add_rule(fleet, 600)
+
+    statuses = [await fleet.chat(gateway, max_tokens=WORDS) for _ in range(20)]
+
+    assert statuses == [429] * 20
+    assert gateway.app.state.database.minutes.queries == 1  # not one per refusal
+    metrics = await fleet.http.get(
+        f"{gateway.url}/metrics", headers={"Authorization": f"Bearer {fleet.key}"}
+    )
+    line = next(
+        line
+        for line in metrics.text.splitlines()
+        if line.startswith("fleet_rate_limit_refusals_total{")
+    )
+    assert 'tenant="acme"' in line
+    assert 'project="research"' in line
+    assert 'level="project"' in line
+    assert line.endswith(" 20.0")
+    assert fleet.key not in metrics.text
