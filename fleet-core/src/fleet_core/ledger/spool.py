@@ -7,8 +7,11 @@ a fresh file and nothing is deleted that was not read; the renamed file is delet
 every record in it was committed. A crash in between leaves it in place and the next replay starts
 with it again, which is safe because the ledger ignores request ids it already has.
 
-Lines that cannot be decoded (an append torn by a crash) and records the database refuses as
-invalid go to ``<spool>.rejected`` with an error logged: set aside for a person, never dropped.
+An append that fails midway (a full disk, an I/O error) is cut back to where it started, so no
+partial line is left to swallow the next record; if even that fails, the next append first ends
+the torn line. Lines that cannot be decoded (an append torn by a crash) and records the database
+refuses as invalid go to ``<spool>.rejected`` with an error logged: set aside for a person,
+never dropped.
 
 Every call is synchronous and belongs on the event loop's thread: appends and the rotation then
 stay ordered without a lock, at the price of one fsync per spooled batch, during outages only.
@@ -41,6 +44,7 @@ class Spool:
         self._decoder = msgspec.json.Decoder(UsageRecord)
         path.parent.mkdir(parents=True, exist_ok=True)
         _end_torn_line(path)
+        self._torn = False
         self._pending = self.replaying.exists() or _size(path) > 0
 
     @property
@@ -51,9 +55,17 @@ class Spool:
     def append(self, records: Sequence[UsageRecord], *, sync: bool = True) -> None:
         """Add ``records``; with ``sync`` they are on disk when this returns, else in the OS's
         cache (safe from this process crashing, not from the machine crashing)."""
-        if records:
+        if not records:
+            return
+        if self._torn:
+            _end_torn_line(self.path)
+            self._torn = False
+        try:
             _append(self.path, self._encoder.encode_lines(records), sync=sync)
-            self._pending = True
+        except _Torn as torn:
+            self._torn = True
+            raise torn.error from None
+        self._pending = True
 
     def next_segment(self) -> Path | None:
         """The file to replay next: one left from an unfinished replay, else the spool renamed
@@ -102,13 +114,33 @@ class Spool:
             return None
 
 
+class _Torn(OSError):
+    """An append failed and could not be cut back: a partial line may end the file."""
+
+    def __init__(self, error: OSError) -> None:
+        self.error = error
+
+
 def _append(path: Path, data: bytes, *, sync: bool) -> None:
+    """Append ``data`` whole or not at all: a failed write is truncated back to the old end.
+
+    Unbuffered, so nothing is left in a buffer to be flushed (half) on close after a failure.
+    """
     created = not path.exists()
-    with path.open("ab") as file:
-        file.write(data)
-        if sync:
-            file.flush()
-            os.fsync(file.fileno())
+    with path.open("ab", buffering=0) as file:
+        start = os.fstat(file.fileno()).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[file.write(view) or 0 :]
+            if sync:
+                os.fsync(file.fileno())
+        except OSError as exc:
+            try:
+                os.ftruncate(file.fileno(), start)
+            except OSError:
+                raise _Torn(exc) from exc
+            raise
     if created and sync:
         _sync_dir(path.parent)
 

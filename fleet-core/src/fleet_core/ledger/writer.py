@@ -8,6 +8,19 @@ out) the batch goes to the spool, and so does every batch after it, until a retr
 commit harmless. A full queue spools the overflow from ``record()`` itself. A record the database
 refuses as invalid is set aside in the spool's rejected file, found by halving its batch, so one
 bad record cannot hold up the others. ``aclose()`` drains the queue, to the database or the spool.
+
+When the spool cannot be written either (a full disk), the batch goes back to the front of the
+queue and the writer pauses — ``retry_interval_s``, doubling up to ``MAX_PAUSE_S`` — before trying
+the database and then the spool again; the event loop is never spun, and each kind of failure is
+logged at most once per ``LOG_EVERY_S`` with a count of what was suppressed.
+
+What a crash can lose: records are safe once in the ledger or the spool (the spool is fsync'd per
+batch, except for a full queue's overflow, which reaches the OS cache: safe from a process crash,
+not a machine crash). A process crash loses what is still in the in-memory queue: normally at most
+``flush_interval_s`` of records (one batch interval; while the database is away, batches are
+spooled as they form, so the same bound holds); while neither the database nor the spool can be
+written, up to ``queue_limit`` records, after which further records are lost as they arrive
+(counted in ``stats.lost`` and logged).
 """
 
 from __future__ import annotations
@@ -33,6 +46,10 @@ from fleet_core.metering.records import UsageRecord
 __all__ = ["LedgerWriter", "WriterStats"]
 
 log = logging.getLogger("fleet.ledger")
+MAX_PAUSE_S = 30.0
+"""The longest pause between attempts while neither the database nor the spool takes records."""
+LOG_EVERY_S = 10.0
+"""A repeating failure is logged at most this often."""
 
 # The batch's fault: retrying cannot help, so the offending record is set aside.
 _INVALID = (psycopg.DataError, psycopg.IntegrityError)
@@ -53,6 +70,27 @@ class WriterStats:
     replayed: int = 0  # records read back from the spool and committed
     rejected: int = 0  # records the database refused as invalid
     outages: int = 0  # times the database went from reachable to not
+    spool_failures: int = 0  # spool appends that failed (a full disk, an I/O error)
+    lost: int = 0  # records neither queue, database nor spool could take
+
+
+class _Throttled:
+    """Logs a repeating failure at most once per ``every_s``, counting the ones it skipped."""
+
+    def __init__(self, every_s: float = LOG_EVERY_S) -> None:
+        self._every_s = every_s
+        self._next = 0.0
+        self._skipped = 0
+
+    def error(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._skipped += 1
+            return
+        if self._skipped:
+            message += f" (and {self._skipped} more like it in the last {self._every_s:.0f}s)"
+        self._skipped, self._next = 0, now + self._every_s
+        log.error(message, *args)
 
 
 class _Database(Protocol):
@@ -139,7 +177,12 @@ class LedgerWriter:
         self._wake = asyncio.Event()
         self._caught_up = asyncio.Event()
         self._closing = False
+        self._closed = asyncio.Event()
         self._retry_at = 0.0  # while the database is away: when to try it again; else 0
+        self._paused_until = 0.0  # after a spool failure: no attempt before this
+        self._pause_s = 0.0
+        self._spool_log = _Throttled()
+        self._lost_log = _Throttled()
         self._task: asyncio.Task[None] | None = None
         self.stats = WriterStats()
 
@@ -173,6 +216,7 @@ class LedgerWriter:
     async def aclose(self) -> None:
         """Stop after writing (or spooling) everything recorded so far."""
         self._closing = True
+        self._closed.set()
         self._wake.set()
         try:
             if self._task is not None:
@@ -198,8 +242,11 @@ class LedgerWriter:
         # No fsync here: record() must not wait on the disk; a process crash still keeps it.
         try:
             self._spool.append([record], sync=False)
-        except OSError:
-            log.exception("usage record %s lost: queue full, spool unwritable", record.request_id)
+        except OSError as exc:
+            self.stats.lost += 1
+            self._lost_log.error(
+                "usage record %s lost: queue full, spool unwritable: %s", record.request_id, exc
+            )
             return
         self.stats.spooled += 1
 
@@ -211,9 +258,18 @@ class LedgerWriter:
                 self._caught_up.set()
             if self._closing and not self._queue:
                 return
+            # A backlog is delivered batch after batch without awaiting (spooling is
+            # synchronous): let the rest of the loop run between two batches.
+            await asyncio.sleep(0)
 
     async def _next_batch(self) -> list[UsageRecord]:
-        if len(self._queue) < self._batch_size and not self._closing:
+        pause = self._paused_until - time.monotonic()
+        if pause > 0 and not self._closing:
+            # A full queue keeps `_wake` set: wait on closing only, or this would spin.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await self._closed.wait()
+        elif len(self._queue) < self._batch_size and not self._closing:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._flush_interval_s):
                     await self._wake.wait()
@@ -239,6 +295,7 @@ class LedgerWriter:
         if self._retry_at:
             log.warning("ledger database reachable again; spool replayed")
         self._retry_at = 0.0
+        self._pause_s = 0.0
 
     async def _replay(self) -> None:
         while (segment := self._spool.next_segment()) is not None:
@@ -281,11 +338,22 @@ class LedgerWriter:
             return
         try:
             self._spool.append(batch)
-        except OSError:
+        except OSError as exc:
+            self.stats.spool_failures += 1
             if self._closing:
-                log.exception("%d usage records lost: spool unwritable at close", len(batch))
+                self.stats.lost += len(batch)
+                log.error("%d usage records lost: spool unwritable at close: %s", len(batch), exc)
             else:
-                log.exception("spool unwritable; holding %d records in memory", len(batch))
                 self._queue.extendleft(reversed(batch))
+                self._pause_s = min(MAX_PAUSE_S, max(self._retry_interval_s, 2 * self._pause_s))
+                self._paused_until = time.monotonic() + self._pause_s
+                self._spool_log.error(
+                    "spool %s unwritable, holding %d records in memory, next try in %.1fs: %s",
+                    self._spool.path,
+                    len(self._queue),
+                    self._pause_s,
+                    exc,
+                )
             return
+        self._pause_s = 0.0
         self.stats.spooled += len(batch)
