@@ -47,8 +47,8 @@ _SEED = [
     f" ('acme', 'Acme', 100000000, {BIG})",
     "INSERT INTO projects (id, tenant_id, name, request_limit, token_limit) VALUES"
     f" ('acme/research', 'acme', 'research', 100000000, {BIG})",
-    "INSERT INTO model_rates (model, input_fresh, input_cached, output) VALUES"
-    " ('bench', 100, 10, 400)",
+    "INSERT INTO model_rates (model, input_fresh_micro_per_1k, input_cached_micro_per_1k,"
+    " output_micro_per_1k) VALUES ('bench', 100000, 10000, 400000)",
     'INSERT INTO budget_rules (id, scope_kind, scope_id, dimension, "limit", window_s) VALUES'
     f" ('rule_tenant', 'tenant', 'acme', 'tokens_total', {BIG}, 2592000),"
     f" ('rule_project', 'project', 'acme/research', 'units', {BIG}, 604800),"

@@ -371,6 +371,18 @@ async def test_model_rates_api(start_fleet: FleetFactory) -> None:
     assert [r["model"] for r in listed["data"]] == ["Qwen/Qwen2.5-7B-Instruct"]
     bad = await fleet.call({"_method": "PUT", "_path": path, **body, "output": -1}, status=400)
     assert "output" in bad["error"]["message"]
+    # Rates are exact to a thousandth of a unit per million tokens, and kept as integers.
+    exact = await fleet.call(
+        {"_method": "PUT", "_path": path, **body, "output": 0.001, "inputFresh": 123456.789},
+        status=200,
+    )
+    assert (exact["output"], exact["inputFresh"]) == (0.001, 123456.789)
+    finer = await fleet.call(
+        {"_method": "PUT", "_path": path, **body, "output": 0.0005}, status=400
+    )
+    assert finer["error"]["param"] == "output"
+    for junk in ("NaN", "Infinity", 1e13):
+        await fleet.call({"_method": "PUT", "_path": path, **body, "output": junk}, status=400)
     await fleet.call({"_method": "DELETE", "_path": path}, status=200)
     await fleet.call({"_method": "GET", "_path": path}, status=404)
 

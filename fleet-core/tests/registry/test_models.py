@@ -84,15 +84,19 @@ async def test_duplicates_and_unknown_models(api: httpx.AsyncClient) -> None:
 @directory_only
 async def test_rates_are_kept_in_model_rates(api: httpx.AsyncClient, postgres_url: str) -> None:
     await register(api, "fleet/tiny-gguf", id="rated")
-    rates = {"inputFresh": 1.5, "inputCached": 0.25, "output": 6}
+    rates = {"inputFresh": 1.5, "inputCached": 0.001, "output": 6}
     patched = await api.patch("/api/v1/models/rated", json={"rates": rates})
     assert patched.status_code == 200, patched.text
-    assert patched.json()["rates"] == {"inputFresh": 1.5, "inputCached": 0.25, "output": 6.0}
+    assert patched.json()["rates"] == {"inputFresh": 1.5, "inputCached": 0.001, "output": 6.0}
     with psycopg.connect(postgres_url) as conn:
         row = conn.execute(
-            "SELECT input_fresh, input_cached, output FROM model_rates WHERE model = 'rated'"
+            "SELECT input_fresh_micro_per_1k, input_cached_micro_per_1k, output_micro_per_1k"
+            " FROM model_rates WHERE model = 'rated'"
         ).fetchone()
-    assert row == (1.5, 0.25, 6.0)
+    assert row == (1500, 1, 6000)  # integer micro-units per 1,000 tokens
+    finer = await api.patch("/api/v1/models/rated", json={"rates": {**rates, "output": 0.0005}})
+    assert finer.status_code == 400
+    assert finer.json()["error"]["param"] == "rates.output"
     negative = await api.patch("/api/v1/models/rated", json={"rates": {**rates, "output": -1}})
     assert negative.status_code == 400
     assert negative.json()["error"]["param"] == "rates.output"

@@ -94,7 +94,10 @@ async def load_catalog(conn: Connection) -> Catalog:
             'SELECT id, scope_kind, scope_id, dimension, "limit", window_s FROM budget_rules'
         )
         rules = tuple(BudgetRule(*r) for r in await cur.fetchall())
-        await cur.execute("SELECT model, input_fresh, input_cached, output FROM model_rates")
+        await cur.execute(
+            "SELECT model, input_fresh_micro_per_1k, input_cached_micro_per_1k,"
+            " output_micro_per_1k FROM model_rates"
+        )
         rates = {r[0]: Rates(r[1], r[2], r[3]) for r in await cur.fetchall()}
     return Catalog(keys=keys, tenants=tenants, projects=projects, rules=rules, rates=rates)
 

@@ -17,6 +17,7 @@ from fleet_core.admission.keys import ANONYMOUS, KeyRing, Principal, bearer_toke
 from fleet_core.admission.limits import Bucket
 from fleet_core.admission.policy import Limits, RatePolicy
 from fleet_core.errors import AuthenticationError, PermissionDenied
+from fleet_core.rates.pricing import Rates
 
 __all__ = [
     "BudgetRule",
@@ -33,18 +34,6 @@ BUCKET_CACHE_SIZE = 10_000
 BudgetDimension = Literal[
     "tokens_total", "tokens_input", "tokens_output", "tokens_cached", "tokens_fresh", "units"
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Rates:
-    """Units per million tokens, so ``tokens × rate`` is micro-units exactly."""
-
-    input_fresh: float
-    input_cached: float
-    output: float
-
-    def micro_units(self, *, fresh: int, cached: int, output: int) -> int:
-        return round(fresh * self.input_fresh + cached * self.input_cached + output * self.output)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from starlette.routing import BaseRoute, Route
 
 from fleet_core import web
 from fleet_core.errors import InvalidRequest, NotFound
+from fleet_core.rates import pricing
 from fleet_core.rates.store import RatesStore
 from fleet_core.rates.wire import RatesPut
 
@@ -48,7 +49,8 @@ class _Rates:
 
     async def put(self, request: Request) -> Response:
         model = _model(request)
-        rates, created = await self.store.put(model, web.decode(_PUT, await request.body()))
+        put = web.decode(_PUT, await request.body())
+        rates, created = await self.store.put(model, pricing.from_put(put))
         return web.json_response(rates, 201 if created else 200)
 
     async def delete(self, request: Request) -> Response:

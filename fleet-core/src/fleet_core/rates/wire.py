@@ -1,8 +1,13 @@
-"""Unit rates on the wire: units per million tokens for fresh input, cached input and output."""
+"""Unit rates on the wire: units per million tokens for fresh input, cached input and output.
+
+Rates arrive as exact decimals (JSON numbers read without a float in between) with at most three
+decimals, and are stored as integers (`pricing`).
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from typing import Annotated
 
 import msgspec
@@ -10,7 +15,9 @@ from msgspec import Meta
 
 __all__ = ["ModelRates", "RatesPut"]
 
-Rate = Annotated[float, Meta(ge=0, le=1e12, description="units per million tokens")]
+Rate = Annotated[
+    Decimal, Meta(description="units per million tokens, 0 to 10^12, at most three decimals")
+]
 
 
 class RatesPut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from fleet_contract import ModelWeights, WeightFile
 from fleet_core.errors import Conflict, InvalidRequest, NotFound
 from fleet_core.inventory.store import InventoryStore
+from fleet_core.rates import pricing
 from fleet_core.registry import verifying
 from fleet_core.registry.hubclient import HubClient
 from fleet_core.registry.objects import DirectoryStore, ObjectStore
@@ -174,7 +175,7 @@ class RegistryService:
     async def patch(self, model_id: str, patch: ModelPatch) -> Model:
         await self._record(model_id)
         if patch.rates is not None:
-            await self.store.upsert_rates(model_id, patch.rates)
+            await self.store.upsert_rates(model_id, pricing.from_put(patch.rates, at="rates."))
         return await self.get(model_id)
 
     async def delete(self, model_id: str) -> Model:

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core.rates import pricing
 from fleet_core.registry.wire import ModelFacts, ModelStatus, Rates, Source, WeightFormat
 from fleet_core.storage.rows import utc_row
 
@@ -46,7 +47,8 @@ class ModelRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 _COLUMNS = (
     "m.id, m.source, m.format, m.status, m.reason, m.revision, m.files, m.bytes_done, m.facts,"
-    " m.created_at, m.updated_at, r.input_fresh, r.input_cached, r.output"
+    " m.created_at, m.updated_at, r.input_fresh_micro_per_1k AS input_fresh,"
+    " r.input_cached_micro_per_1k AS input_cached, r.output_micro_per_1k AS output"
 )
 _SELECT = f"SELECT {_COLUMNS} FROM registry_models m LEFT JOIN model_rates r ON r.model = m.id"
 
@@ -56,14 +58,18 @@ def _record(
     source: Any,
     files: Any,
     facts: Any,
-    input_fresh: float | None,
-    input_cached: float | None,
-    output: float | None,
+    input_fresh: int | None,
+    input_cached: int | None,
+    output: int | None,
     **columns: Any,
 ) -> ModelRecord:
     rates = None
     if input_fresh is not None and input_cached is not None and output is not None:
-        rates = Rates(input_fresh=input_fresh, input_cached=input_cached, output=output)
+        rates = Rates(
+            input_fresh=pricing.to_wire(input_fresh),
+            input_cached=pricing.to_wire(input_cached),
+            output=pricing.to_wire(output),
+        )
     return ModelRecord(
         source=msgspec.convert(source, Source),
         files=msgspec.convert(files, tuple[PlannedFile, ...]),
@@ -143,13 +149,16 @@ class ModelStore:
             model_id,
         )
 
-    async def upsert_rates(self, model_id: str, rates: Rates) -> None:
+    async def upsert_rates(self, model_id: str, rates: pricing.Rates) -> None:
+        """The model's rates in ``model_rates`` (integer micro-units per 1,000 tokens)."""
         async with self._pool.connection() as conn:
             await conn.execute(
-                "INSERT INTO model_rates (model, input_fresh, input_cached, output)"
-                " VALUES (%s, %s, %s, %s) ON CONFLICT (model) DO UPDATE SET"
-                " input_fresh = excluded.input_fresh, input_cached = excluded.input_cached,"
-                " output = excluded.output, updated_at = now()",
+                "INSERT INTO model_rates (model, input_fresh_micro_per_1k,"
+                " input_cached_micro_per_1k, output_micro_per_1k) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT (model) DO UPDATE SET"
+                " input_fresh_micro_per_1k = excluded.input_fresh_micro_per_1k,"
+                " input_cached_micro_per_1k = excluded.input_cached_micro_per_1k,"
+                " output_micro_per_1k = excluded.output_micro_per_1k, updated_at = now()",
                 (model_id, rates.input_fresh, rates.input_cached, rates.output),
             )
 

@@ -9,6 +9,7 @@ import msgspec
 from msgspec import Meta
 
 from fleet_contract import Engine, WeightFile, WeightFormat
+from fleet_core.rates.wire import RatesPut
 
 __all__ = [
     "EngineFit",
@@ -40,7 +41,6 @@ RepoId = Annotated[
     ),
 ]
 Revision = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")]
-Rate = Annotated[float, Meta(ge=0, le=1e12)]
 
 
 class HuggingFaceSource(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -65,15 +65,17 @@ class ModelCreate(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 
 class Rates(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """Units per million tokens, the three sides budgets in units bill at."""
+    """Units per million tokens, the three sides budgets in units bill at (stored as integer
+    micro-units per 1,000 tokens: these are exact to the three decimals they can have)."""
 
-    input_fresh: Rate
-    input_cached: Rate
-    output: Rate
+    input_fresh: float
+    input_cached: float
+    output: float
 
 
 class ModelPatch(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    rates: Rates | None = None
+    rates: RatesPut | None = None
+    """Exact decimals, at most three of them (``/model-rates``' body)."""
 
 
 class ModelFacts(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
