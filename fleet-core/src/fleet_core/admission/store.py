@@ -180,24 +180,7 @@ class RedisStore:
         sent = [(m, h) for m, h in merged if m or h]
         if not sent:
             return [Decision(True) for _ in merged]
-        buckets_at: dict[str, int] = {}
-        capacities: list[int] = []
-        for charge in (c for m, _ in sent for c in m):
-            if charge.bucket.key not in buckets_at:
-                buckets_at[charge.bucket.key] = len(buckets_at) + 1
-                capacities.append(charge.bucket.capacity)
-        rules_at: dict[str, int] = {}
-        rules: list[int | str] = []
-        for hold in (h for _, hs in sent for h in hs):
-            if hold.key not in rules_at:
-                rules_at[hold.key] = len(rules_at) + 1
-                rules += [hold.limit, hold.base]
-        args: list[int | str] = [len(capacities), *capacities, len(rules_at), *rules, len(sent)]
-        for m, hs in sent:
-            args += [len(m), *(v for c in m for v in (buckets_at[c.bucket.key], c.amount))]
-            args.append(len(hs))
-            args += [v for h in hs for v in (rules_at[h.key], h.id, h.amount, h.ttl_ms)]
-        keys = [*buckets_at, *(k for book in rules_at for k in (book, expiry_key(book)))]
+        keys, args = _admit_call(sent)
         reply = iter(await self._run(self._admit, keys, args))
         return [
             _decision([next(reply), next(reply), next(reply)], m) if m or h else Decision(True)
@@ -355,6 +338,34 @@ def _merged(charges: Sequence[Charge]) -> list[Charge]:
         amount = charge.amount + (seen.amount if seen else 0)
         by_key[charge.bucket.key] = Charge(seen.bucket if seen else charge.bucket, amount)
     return list(by_key.values())
+
+
+def _admit_call(sent: Sequence[Ask]) -> tuple[list[str], list[int | str]]:
+    """admit.lua's keys and arguments for ``sent`` (see the script), in one pass."""
+    buckets_at: dict[str, int] = {}
+    books_at: dict[str, int] = {}
+    capacities: list[int | str] = []
+    rules: list[int | str] = []
+    body: list[int | str] = [len(sent)]
+    for charges, holds in sent:
+        body.append(len(charges))
+        for charge in charges:
+            index = buckets_at.get(charge.bucket.key)
+            if index is None:
+                index = buckets_at[charge.bucket.key] = len(buckets_at) + 1
+                capacities.append(charge.bucket.capacity)
+            body += (index, charge.amount)
+        body.append(len(holds))
+        for hold in holds:
+            rule = books_at.get(hold.key)
+            if rule is None:
+                rule = books_at[hold.key] = len(books_at) + 1
+                rules += (hold.limit, hold.base)
+            body += (rule, hold.id, hold.amount, hold.ttl_ms)
+    keys = list(buckets_at)
+    for book in books_at:
+        keys += (book, expiry_key(book))
+    return keys, [len(capacities), *capacities, len(books_at), *rules, *body]
 
 
 def _decision(reply: list[int], charges: Sequence[Charge]) -> Decision:
