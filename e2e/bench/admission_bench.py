@@ -150,12 +150,10 @@ def redis_benchmark(url: str, requests: int = 200_000) -> float | None:
         "2",
         bs[0].key,
         bs[1].key,
-        # 2 buckets and their capacities, no budget rules, then one reservation of two pairs
-        # (bucket index, amount) and no holds: see admit.lua
-        "2",
+        # capacities, then one reservation of two pairs (bucket index, amount), then 0 budget
+        # rules: see admit.lua
         str(bs[0].capacity),
         str(bs[1].capacity),
-        "0",
         "1",
         "2",
         "1",

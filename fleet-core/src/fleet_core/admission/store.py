@@ -347,6 +347,7 @@ def _admit_call(sent: Sequence[Ask]) -> tuple[list[str], list[int | str]]:
     capacities: list[int | str] = []
     rules: list[int | str] = []
     body: list[int | str] = [len(sent)]
+    any_holds = any(holds for _, holds in sent)
     for charges, holds in sent:
         body.append(len(charges))
         for charge in charges:
@@ -355,6 +356,8 @@ def _admit_call(sent: Sequence[Ask]) -> tuple[list[str], list[int | str]]:
                 index = buckets_at[charge.bucket.key] = len(buckets_at) + 1
                 capacities.append(charge.bucket.capacity)
             body += (index, charge.amount)
+        if not any_holds:
+            continue
         body.append(len(holds))
         for hold in holds:
             rule = books_at.get(hold.key)
@@ -365,7 +368,7 @@ def _admit_call(sent: Sequence[Ask]) -> tuple[list[str], list[int | str]]:
     keys = list(buckets_at)
     for book in books_at:
         keys += (book, expiry_key(book))
-    return keys, [len(capacities), *capacities, len(books_at), *rules, *body]
+    return keys, [*capacities, *rules, *body, len(books_at)]
 
 
 def _decision(reply: list[int], charges: Sequence[Charge]) -> Decision:

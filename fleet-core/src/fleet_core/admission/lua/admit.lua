@@ -7,10 +7,12 @@
 -- KEYS[1..B]        the buckets: each a hash {level, ts}; absent means full.
 -- KEYS[B+2r-1], KEYS[B+2r]   budget rule r's book: a hash {sum, <hold id> = amount} and a sorted
 --                   set <hold id> -> expiry (ms). All keys share the tenant's hash tag.
--- ARGV[1]           B, the number of buckets; ARGV[1+i], i <= B: bucket i's capacity (per minute)
--- then              H, the number of rules; for each: its limit and its base (the rollups' figure)
+-- ARGV[#ARGV]       H, the number of budget rules (so B = #KEYS - 2H); read first
+-- ARGV[1..B]        bucket i's capacity (per minute; it refills capacity/60 per second)
+-- then              for each rule: its limit and its base (what the rollups count)
 -- then              R, the number of reservations; for each: n and n pairs (bucket index, amount
---                   to take), then m and m quads (rule index, hold id, amount, ttl_ms)
+--                   to take), then, only when H > 0, m and m quads (rule index, hold id, amount,
+--                   ttl_ms). Without rules the arguments are the bucket-only ones plus the final 0.
 --
 -- Returns three numbers per reservation: {1, 0, 0} when every hold fit and every bucket held its
 -- amount (all were taken); {2, k, excess} when hold k would take its rule past the limit (by
@@ -105,27 +107,29 @@ end
 
 local now = clock()
 local now_ms = math.floor(now * 1000)
-local count = tonumber(ARGV[1])
+local rules = tonumber(ARGV[#ARGV])
+local count = #KEYS - 2 * rules
 local capacities, levels, touched = {}, {}, {}
 for i = 1, count do
-  capacities[i] = tonumber(ARGV[1 + i])
+  capacities[i] = tonumber(ARGV[i])
   levels[i] = current(KEYS[i], capacities[i], now)
 end
-local pos = count + 2
-local rules = tonumber(ARGV[pos])
 local limits, sums = {}, {}
 for r = 1, rules do
-  limits[r] = tonumber(ARGV[pos + 2 * r - 1]) - tonumber(ARGV[pos + 2 * r])
+  limits[r] = tonumber(ARGV[count + 2 * r - 1]) - tonumber(ARGV[count + 2 * r])
   sums[r] = held(KEYS[count + 2 * r - 1], KEYS[count + 2 * r], now_ms)
 end
-pos = pos + 1 + 2 * rules
+local pos = count + 2 * rules + 1
 
 local out = {}
 for _ = 1, tonumber(ARGV[pos]) do
   local n = tonumber(ARGV[pos + 1])
   local pairs_at = pos + 1
-  local m = tonumber(ARGV[pairs_at + 2 * n + 1])
-  local quads_at = pairs_at + 2 * n + 1
+  local m, quads_at = 0, pairs_at + 2 * n
+  if rules > 0 then
+    quads_at = quads_at + 1
+    m = tonumber(ARGV[quads_at])
+  end
   local verdict, which, figure = 1, 0, 0
   for k = 1, m do
     local r, amount = tonumber(ARGV[quads_at + 4 * k - 3]), tonumber(ARGV[quads_at + 4 * k - 1])
