@@ -16,11 +16,11 @@ logged at most once per ``LOG_EVERY_S`` with a count of what was suppressed.
 
 What a crash can lose: records are safe once in the ledger or the spool (the spool is fsync'd per
 batch, except for a full queue's overflow, which reaches the OS cache: safe from a process crash,
-not a machine crash). A process crash loses what is still in the in-memory queue: normally at most
-``flush_interval_s`` of records (one batch interval; while the database is away, batches are
-spooled as they form, so the same bound holds); while neither the database nor the spool can be
-written, up to ``queue_limit`` records, after which further records are lost as they arrive
-(counted in ``stats.lost`` and logged).
+not a machine crash). A process crash loses what is still in the in-memory queue: what arrived
+since the last batch was taken — normally ``flush_interval_s`` of records, at worst as long as one
+database write may take (``timeout_s``) — and, while neither the database nor the spool can be
+written, everything queued, up to ``queue_limit`` records; beyond that records are lost as they
+arrive (counted in ``stats.lost`` and logged).
 """
 
 from __future__ import annotations
