@@ -160,7 +160,7 @@ async def test_budgets_hold_from_the_first_request_after_a_restart(fleet: Fleet)
 async def test_a_tenant_over_budget_costs_one_query_per_rule_and_shows_in_metrics(
     fleet: Fleet,
 ) -> None:
-    gateway = await fleet.start(refresh_s=5.0)
+    gateway = await fleet.start(refresh_s=30.0)  # one minutes read per rule per 30 s
     assert await fleet.chat(gateway, max_tokens=WORDS) == 200
     await fleet.billed(rows=1)
     await add_rule(fleet, 600)
