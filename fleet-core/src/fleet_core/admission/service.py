@@ -41,7 +41,7 @@ __all__ = ["Admission", "AdmissionMetrics", "BudgetWait", "Reservation"]
 
 log = logging.getLogger("fleet.admission")
 OnStoreError = Literal["closed", "open"]
-LEARN_TIMEOUT_S = 3.0
+LEARN_TIMEOUT_S = 5.0
 """How long a request waits for the first figures of a rule it is subject to (a new rule)."""
 SETTLE_WINDOW_S = 0.002
 """How long a settlement waits for others to share its round trip."""
