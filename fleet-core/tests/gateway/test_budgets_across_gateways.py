@@ -23,6 +23,7 @@ from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
 from fleet_core.apiserver.app import open_resources as open_apiserver
 from fleet_core.settings import AdmissionSettings, DatabaseModeSettings, LogSettings
 from fleet_core.stub_engine import running_app
+from fleet_testing.fix_auth import bearer
 
 from .conftest import GatewayFactory, Served, StubFactory
 
@@ -77,14 +78,19 @@ async def fleet(
     start_stub: StubFactory,
     start_gateway: GatewayFactory,
     tmp_path: Path,
+    admin_token: str,
 ) -> AsyncIterator[Fleet]:
     async with contextlib.AsyncExitStack() as stack:
-        settings = ApiserverSettings(database_url=postgres_url, log=LogSettings(access=False))
+        settings = ApiserverSettings(
+            database_url=postgres_url, log=LogSettings(access=False), admin_token=admin_token
+        )
         resources = await stack.enter_async_context(open_apiserver(settings))
         api_url = await stack.enter_async_context(
             running_app(create_apiserver_app(settings, resources))
         )
-        api = await stack.enter_async_context(httpx.AsyncClient(base_url=api_url))
+        api = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=api_url, headers=bearer(admin_token))
+        )
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
         engine = await start_stub(model=MODEL, reply=" ".join(["w"] * WORDS), token_delay_ms=4)
         count = 0
@@ -169,9 +175,9 @@ async def test_a_tenant_over_budget_costs_one_query_per_rule_and_shows_in_metric
 
     assert statuses == [429] * 20
     assert gateway.app.state.database.minutes.queries == 1  # not one per refusal
-    metrics = await fleet.http.get(
-        f"{gateway.url}/metrics", headers={"Authorization": f"Bearer {fleet.key}"}
-    )
+    admin = {"Authorization": fleet.api.headers["Authorization"]}
+    metrics = await fleet.http.get(f"{gateway.url}/metrics", headers=admin)
+    assert metrics.status_code == 200, metrics.text
     line = next(
         line
         for line in metrics.text.splitlines()
