@@ -54,17 +54,17 @@ def test_the_cli_refuses_an_unreachable_database_in_one_line() -> None:
 
 
 async def test_float_rates_become_integer_micro_units_per_1k_tokens(postgres_url: str) -> None:
-    """Migration 0007 keeps every existing rate, to the thousandth of a unit per million tokens."""
+    """Migration 0011 keeps every existing rate, to the thousandth of a unit per million tokens."""
     async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
         for migration in available():
-            if migration.version >= 7:
+            if migration.version >= 11:
                 break
             await conn.execute(migration.sql.encode())
         await conn.execute(
             "INSERT INTO model_rates (model, input_fresh, input_cached, output)"
             " VALUES ('m', 0.5, 123456.789, 0.0015)"
         )
-        (integer_rates,) = [m for m in available() if m.version == 7]
+        (integer_rates,) = [m for m in available() if m.version == 11]
         await conn.execute(integer_rates.sql.encode())
         cur = await conn.execute(
             "SELECT input_fresh_micro_per_1k, input_cached_micro_per_1k, output_micro_per_1k"
