@@ -135,8 +135,11 @@ def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
             model="qwen", messages=[{"role": "user", "content": "hello"}]
         )
         assert reply.choices[0].message.content
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=f"{gateway}/v1", api_key="fk_wrong", max_retries=0).models.list()
+    # Closed here: an unclosed client's pooled socket, kept alive by the error's traceback cycle,
+    # is only collected at the session's end, where it failed whole runs as an unclosed socket.
+    wrong = openai.OpenAI(base_url=f"{gateway}/v1", api_key="fk_wrong", max_retries=0)
+    with wrong, pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
     # /metrics: the admin token reads it (database mode checks the control plane's credentials);
     # the tenant's key is refused.
     assert b"fleet_requests_total" in _read(f"{gateway}/metrics", token)
