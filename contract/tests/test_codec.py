@@ -117,6 +117,7 @@ def test_wire_is_camel_case() -> None:
         "reporterVersion",
         "nodes",
         "deployments",
+        "reportIntervalSeconds",
     }
     assert "memoryMib" in wire["nodes"][0]["gpus"][0]
     assert "servedModelName" in wire["deployments"][0]

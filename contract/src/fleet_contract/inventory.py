@@ -122,3 +122,7 @@ class InventoryReport(msgspec.Struct, kw_only=True, frozen=True, rename="camel")
     reporter_version: Name
     nodes: tuple[Node, ...] = ()
     deployments: tuple[ModelDeployment, ...] = ()
+    report_interval_seconds: Annotated[float, Meta(gt=0, le=86400)] | None = None
+    """How often the reporter sends a heartbeat (since 1.3.0). The control plane refuses a
+    report whose interval is longer than a sample vouches for capacity, rather than count the
+    rest of every interval as unobserved without a word."""

@@ -22,6 +22,7 @@ INVENTORY = {
     ("PUT", "/api/v1/inventory"),
     ("GET", "/api/v1/inventory"),
     ("GET", "/api/v1/clusters/{cluster_id}"),
+    ("DELETE", "/api/v1/clusters/{cluster_id}"),
     ("GET", "/api/v1/endpoints"),
     ("GET", "/api/v1/openapi.json"),
     ("GET", "/api/v1/whoami"),

@@ -119,6 +119,8 @@ async def test_a_month_it_did_not_watch_is_refused_naming_the_coverage(
     api: str, postgres_url: str
 ) -> None:
     await seed(api, postgres_url, until="2026-09-11T00:00:00Z")  # ten days of thirty
+    # and reporting again in October: it existed all along, unwatched for twenty days
+    await heartbeats(postgres_url, "k3s-dev", start=OCT[0], end="2026-10-01T00:01:00Z", gpus=2)
     refused = await close(api, "2026-09")
     assert refused.status_code == 400
     error = refused.json()["error"]

@@ -81,7 +81,11 @@ class Reporter:
         attempt = 0
         while True:
             self.view.changed.clear()  # later changes re-arm it and are sent next round
-            report = self.view.report(cluster_id=self.settings.cluster_id, now=self.clock())
+            report = self.view.report(
+                cluster_id=self.settings.cluster_id,
+                now=self.clock(),
+                interval=self.settings.interval,
+            )
             problem = await self._put(report)
             if problem is None:
                 self.sent += 1

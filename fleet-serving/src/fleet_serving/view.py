@@ -238,8 +238,10 @@ class ClusterView:
             registry_model=seen.spec.source.registry,
         )
 
-    def report(self, *, cluster_id: str, now: datetime) -> InventoryReport:
-        """A full snapshot for ``PUT /api/v1/inventory``."""
+    def report(
+        self, *, cluster_id: str, now: datetime, interval: float | None = None
+    ) -> InventoryReport:
+        """A full snapshot for ``PUT /api/v1/inventory``, saying how often one is sent."""
         deployments = [self._deployment(k, m) for k, m in sorted(self.models.items())]
         return InventoryReport(
             schema_version=SCHEMA_VERSION,
@@ -248,4 +250,5 @@ class ClusterView:
             reporter_version=f"fleet-serving/{fleet_serving.__version__}",
             nodes=tuple(n.node for _, n in sorted(self.nodes.items())),
             deployments=tuple(d for d in deployments if d is not None),
+            report_interval_seconds=interval,
         )

@@ -143,7 +143,7 @@ def _routes(resources: ApiserverResources, costs: CostSettings) -> list[BaseRout
     routes: list[BaseRoute] = [
         Route("/healthz", health.healthz, methods=["GET"]),
         Route("/readyz", health.readyz, methods=["GET"]),
-        *inventory_routes(resources.inventory),
+        *inventory_routes(resources.inventory, max_gap_s=costs.max_sample_gap_s),
         *auth_routes(resources.auth),
     ]
     if resources.pool is not None:

@@ -23,7 +23,7 @@ from fleet_core.budgets import wire as budgets
 from fleet_core.costs import wire as costs
 from fleet_core.errors import ErrorEnvelope
 from fleet_core.gateway.discovery import EndpointsDocument
-from fleet_core.inventory.service import ClusterSummary
+from fleet_core.inventory.service import ClusterSummary, Decommission
 from fleet_core.keys import wire as keys
 from fleet_core.rates import wire as rates
 from fleet_core.registry import wire as registry
@@ -110,6 +110,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("GET", "/api/v1/clusters/{cluster_id}"): Operation(
         "One cluster's newest report", response=ClusterView, errors=(404,)
+    ),
+    ("DELETE", "/api/v1/clusters/{cluster_id}"): Operation(
+        "Decommission a cluster (?at=, else now): its lifetime for cost coverage ends there",
+        response=Decommission,
+        query=("at",),
+        errors=(400, 404),
     ),
     ("GET", "/api/v1/endpoints"): Operation(
         "Ready endpoints per served model (the gateway; ETag, If-None-Match → 304)",
@@ -229,7 +235,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("PUT", _PERIOD): Operation(
         "Close a month (or recompute it, booking differences into the next month); 400 below "
-        "the coverage threshold unless ?minCoverage lowers it; 409 once the next month closed",
+        "the coverage threshold unless ?minCoverage lowers it; 409 once the next month closed, or "
+        "while the month before, with data, was never closed",
         response=costs.CostReport,
         query=("minCoverage", "format"),
         errors=(400, 404, 409),

@@ -25,7 +25,7 @@ from fleet_core.costs.wire import (
 )
 from fleet_core.errors import InvalidRequest
 
-__all__ = ["Closing", "compose", "coverage_by_cluster", "differences"]
+__all__ = ["MAX_POOL", "Closing", "compose", "coverage_by_cluster", "differences", "existed_us"]
 
 _US = 1_000_000
 
@@ -40,11 +40,29 @@ class Closing:
     """The configured threshold: a month closed below it was forced."""
 
 
+MAX_POOL = 2**53 - 1
+"""The largest pool a close issues: what a JavaScript client reads exactly, and far inside the
+64-bit columns (a tenant's due adds at most a month of corrections to an allocation)."""
+
+
+def existed_us(period: Period, found: Measurements, cluster: str) -> int:
+    """The part of the month the cluster existed; the whole month for one that served requests
+    but never reported (it was there, unwatched)."""
+    return found.existed_us.get(cluster) or period.seconds * _US
+
+
 def coverage_by_cluster(period: Period, found: Measurements) -> dict[str, Fraction]:
-    """Every cluster that reported or served in the month, and the share of it observed."""
-    clusters = set(found.observed_us) | {c for c, us in found.busy_gpu_us.items() if us}
-    whole = period.seconds * _US
-    return {c: Fraction(found.observed_us.get(c, 0), whole) for c in sorted(clusters)}
+    """Every cluster that existed or served in the month, and the share of its lifetime in the
+    month that was observed."""
+    clusters = (
+        {c for c, us in found.existed_us.items() if us}
+        | set(found.observed_us)
+        | {c for c, us in found.busy_gpu_us.items() if us}
+    )
+    return {
+        c: min(Fraction(found.observed_us.get(c, 0), existed_us(period, found, c)), Fraction(1))
+        for c in sorted(clusters)
+    }
 
 
 def compose(
@@ -67,6 +85,7 @@ def compose(
         for c in coverage
     ]
     figures = allocation.price(usages)
+    _require_bounded(period, figures)
     used = {k: v for k, v in found.used_gpu_us.items() if v > 0}
     allocated = allocation.allocate(figures.pool, used)
     report = CostReport(
@@ -84,7 +103,7 @@ def compose(
         forced=min(coverage.values(), default=Fraction(0)) < closing.threshold,
         unplaced_requests=found.unplaced,
         rates=_rates(found),
-        clusters=[_cluster(u, coverage[u.cluster], found, figures) for u in usages],
+        clusters=[_cluster(period, u, coverage[u.cluster], found, figures) for u in usages],
         tenants=_tenants(used, allocated, corrections),
         allocations=[
             Allocation(tenant=t, project=p, used_gpu_microseconds=used[(t, p)], allocated=a)
@@ -118,6 +137,16 @@ def _require_coverage(period: Period, found: Measurements, closing: Closing) -> 
             code="insufficient_coverage",
         )
     return coverage
+
+
+def _require_bounded(period: Period, figures: allocation.Figures) -> None:
+    if figures.pool > MAX_POOL:
+        raise InvalidRequest(
+            f"the pool of {period.name} would be {figures.pool} micro-units, past {MAX_POOL}, the"
+            " most a client reads exactly: check the cost rates (GET /api/v1/cost-rates) and the"
+            " clusters' GPU counts",
+            code="pool_out_of_range",
+        )
 
 
 def _require_rates(found: Measurements) -> str | None:
@@ -161,6 +190,7 @@ def _rates(found: Measurements) -> list[RateUsed]:
 
 
 def _cluster(
+    period: Period,
     usage: allocation.ClusterUsage,
     coverage: Fraction,
     found: Measurements,
@@ -170,6 +200,7 @@ def _cluster(
         cluster=usage.cluster,
         coverage=float(coverage),
         observed_seconds=found.observed_us.get(usage.cluster, 0) // _US,
+        existed_seconds=existed_us(period, found, usage.cluster) // _US,
         observed_gpu_microseconds=found.capacity_gpu_us.get(usage.cluster, 0),
         busy_gpu_microseconds=min(usage.busy_gpu_us, usage.capacity_gpu_us),
         pool=figures.by_cluster.get(usage.cluster, 0),

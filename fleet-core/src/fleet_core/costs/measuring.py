@@ -33,6 +33,9 @@ class Measurements:
 
     observed_us: dict[str, int] = field(default_factory=dict)
     """Per cluster, microseconds of the month some sample vouched for."""
+    existed_us: dict[str, int] = field(default_factory=dict)
+    """Per cluster, microseconds of the month within its lifetime: first report to decommission,
+    or to what its last report vouches for."""
     capacity_gpu_us: dict[str, int] = field(default_factory=dict)
     slices: list[RateSlice] = field(default_factory=list)
     """Observed GPU-time per cluster and rate in effect."""

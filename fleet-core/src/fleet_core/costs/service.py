@@ -12,11 +12,13 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
 import msgspec
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from fleet_core.costs import closing
@@ -28,6 +30,9 @@ from fleet_core.errors import ConfigError, Conflict, InvalidRequest, NotFound
 __all__ = ["CostService", "CostSettings", "parse_min_coverage"]
 
 _SHARE = re.compile(r"[01](\.[0-9]{1,9})?|\.[0-9]{1,9}")
+_GRACE = re.compile(r"([0-9]{1,7})(s|m|h|d)?")
+_GRACE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_MAX_GRACE_S = 28 * 86400  # less than the shortest month: the next one must still be open
 
 
 @dataclass(frozen=True)
@@ -37,14 +42,22 @@ class CostSettings:
     closes; ``?minCoverage=`` lowers it for one close, and the report says it was forced."""
     max_sample_gap_s: int = 90
     """How long one inventory report vouches for a cluster's GPUs: three 30-second heartbeats.
-    The rest of a longer gap is unobserved."""
+    The rest of a longer gap is unobserved. An operator reporting less often than this is
+    refused (400 ``report_interval_too_long``): coverage would be capped without a word."""
+    close_grace_s: int = 3600
+    """How long after a month's last second it may be closed: requests in flight at midnight
+    and spools replayed after a short outage land in the ledger first."""
 
 
 def cost_settings(env: Mapping[str, str]) -> CostSettings:
-    """FLEET_COST_MIN_COVERAGE (0..1) and FLEET_COST_MAX_SAMPLE_GAP_S; ConfigError when invalid."""
+    """FLEET_COST_MIN_COVERAGE (0..1), FLEET_COST_MAX_SAMPLE_GAP_S and FLEET_COST_CLOSE_GRACE
+    (``0``, ``90s``, ``30m``, ``1h``, ``2d``); ConfigError when invalid."""
     coverage = env.get("FLEET_COST_MIN_COVERAGE", "").strip()
     gap = env.get("FLEET_COST_MAX_SAMPLE_GAP_S", "").strip()
+    grace = env.get("FLEET_COST_CLOSE_GRACE", "").strip()
     settings = CostSettings()
+    if grace:
+        settings = replace(settings, close_grace_s=_grace_seconds(grace))
     if coverage:
         if not _SHARE.fullmatch(coverage) or not 0 <= Decimal(coverage) <= 1:
             raise ConfigError(
@@ -58,6 +71,17 @@ def cost_settings(env: Mapping[str, str]) -> CostSettings:
             )
         settings = replace(settings, max_sample_gap_s=int(gap))
     return settings
+
+
+def _grace_seconds(text: str) -> int:
+    match = _GRACE.fullmatch(text)
+    seconds = int(match[1]) * _GRACE_UNITS[match[2] or "s"] if match else -1
+    if not 0 <= seconds <= _MAX_GRACE_S:
+        raise ConfigError(
+            f"FLEET_COST_CLOSE_GRACE={text!r} is not a duration up to 28d such as 0, 90s, 30m"
+            " or 1h"
+        )
+    return seconds
 
 
 def parse_min_coverage(text: str) -> Fraction:
@@ -113,36 +137,83 @@ class CostService:
         period = _period(name)
         asked = self._closing(min_coverage)
         now = now or datetime.now(UTC)
-        if period.end > now:
-            raise InvalidRequest(
-                f"{period.name} is not over until {period.end.isoformat()}; a month closes after"
-                " its last second",
-                code="period_not_over",
-            )
+        self._require_over(period, now)
         async with self.store.connection() as conn, conn.transaction():
-            await self.store.lock(conn)
-            if await self.store.is_closed(conn, period.following()):
-                raise Conflict(
-                    f"{period.name} is frozen: {period.following().name} has been closed, so"
-                    " there is no open month left for a correction to land in",
-                    code="period_frozen",
-                )
-            found = await self.store.measure(conn, period, max_gap_s=self.settings.max_sample_gap_s)
-            booked = await self.store.corrections(conn, into=period.name)
-            report, allocated = closing.compose(
-                period, found, closing=asked, corrections=booked, computed_at=now
-            )
-            _check_pool(report)  # raising here rolls the transaction back: nothing is stored
-            if not await self.store.is_closed(conn, period):
-                await self.store.save(conn, report, allocated)
+            await self.store.begin_close(conn)
+            closed = await self.store.closed(conn)
+            if period.name in closed:
+                if period.following().name in closed:
+                    raise Conflict(
+                        f"{period.name} is frozen: {period.following().name} has been closed, so"
+                        " there is no open month left for a correction to land in",
+                        code="period_frozen",
+                    )
+                await self._recompute(conn, period, asked, now=now)
             else:
-                before = await self.store.allocations(conn, period)
-                changed = closing.differences(before, allocated)
-                if changed:
-                    await self.store.book(conn, period, allocated, changed, at=now)
+                await self._require_in_order(conn, period, closed)
+                if period.previous().name in closed:
+                    # late rows of the month before: found now, booked into this one
+                    await self._recompute(conn, period.previous(), self._catch_up, now=now)
+                await self._issue(conn, period, asked, now=now)
             stored = await self.store.get(conn, period)
         assert stored is not None, "saved in this transaction"
         return stored
+
+    def _require_over(self, period: Period, now: datetime) -> None:
+        closable = period.end + timedelta(seconds=self.settings.close_grace_s)
+        if closable > now:
+            raise InvalidRequest(
+                f"{period.name} can be closed from {closable.isoformat()}: a month closes after"
+                f" its last second and the {self.settings.close_grace_s} s grace"
+                " (FLEET_COST_CLOSE_GRACE) for requests still in flight",
+                code="period_not_over",
+            )
+
+    async def _require_in_order(
+        self, conn: AsyncConnection[Any], period: Period, closed: set[str]
+    ) -> None:
+        """A first close needs the month before closed, unless the fleet had nothing before."""
+        if period.previous().name in closed:
+            return
+        since = await self.store.data_before(conn, period)
+        if since is None:
+            return
+        first = Period(since.year, since.month)
+        while first.name in closed:
+            first = first.following()
+        raise Conflict(
+            f"{period.previous().name} has not been closed and the fleet has usage or capacity"
+            f" from {since.date().isoformat()} on: months close in order, so close"
+            f" {first.name} first",
+            code="previous_period_open",
+        )
+
+    async def _issue(
+        self, conn: AsyncConnection[Any], period: Period, asked: closing.Closing, *, now: datetime
+    ) -> None:
+        found = await self.store.measure(conn, period, max_gap_s=self.settings.max_sample_gap_s)
+        booked = await self.store.corrections(conn, into=period.name)
+        report, allocated = closing.compose(
+            period, found, closing=asked, corrections=booked, computed_at=now
+        )
+        await self.store.save(conn, report, allocated)
+
+    async def _recompute(
+        self, conn: AsyncConnection[Any], period: Period, asked: closing.Closing, *, now: datetime
+    ) -> None:
+        """Measure a closed month again; what changed per project goes to the month after."""
+        found = await self.store.measure(conn, period, max_gap_s=self.settings.max_sample_gap_s)
+        _, allocated = closing.compose(
+            period, found, closing=asked, corrections=[], computed_at=now
+        )
+        changed = closing.differences(await self.store.allocations(conn, period), allocated)
+        if changed:
+            await self.store.book(conn, period, allocated, changed, at=now)
+
+    @property
+    def _catch_up(self) -> closing.Closing:
+        """The month before was issued already: its re-measure refuses nothing on coverage."""
+        return closing.Closing(min_coverage=Fraction(0), threshold=self.min_coverage)
 
     def _closing(self, min_coverage: str | None) -> closing.Closing:
         asked = self.min_coverage if min_coverage is None else parse_min_coverage(min_coverage)
@@ -174,17 +245,3 @@ def _summary(
         recomputes=recomputes,
         frozen_by=frozen_by,
     )
-
-
-MAX_POOL = 2**53 - 1
-"""The largest pool a report may carry: what a JavaScript client reads exactly."""
-
-
-def _check_pool(report: CostReport) -> None:
-    """400 for a month whose pool (the largest figure of a report) clients could not read."""
-    if report.pool > MAX_POOL:
-        raise InvalidRequest(
-            f"the pool of {report.period} would be {report.pool} micro-units, past {MAX_POOL}, "
-            "the most a client reads exactly: check the cost rates (GET /api/v1/cost-rates)",
-            code="pool_out_of_range",
-        )

@@ -25,7 +25,20 @@ from fleet_core.storage.rows import utc_row
 
 __all__ = ["CostStore"]
 
-_LOCK = "SELECT pg_advisory_xact_lock(hashtext('fleet.cost_periods'))"
+# A close reads one snapshot (capacity, who used the month and how much must agree, or a
+# project committed between two statements has usage and no key), taken after the lock: LOCK
+# TABLE takes no snapshot, so the first SELECT, after it, sees every close committed before.
+# SHARE ROW EXCLUSIVE excludes itself and writers, not readers: GETs go on during a close.
+_BEGIN_CLOSE = (
+    "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+    "LOCK TABLE cost_periods IN SHARE ROW EXCLUSIVE MODE",
+)
+# When the fleet first had anything to bill before a month: capacity, or a finished request
+# (through the ledger's done_at index).
+_DATA_BEFORE = """
+SELECT least((SELECT min(observed_at) FROM capacity_samples WHERE observed_at < %(start)s),
+             (SELECT min(done_at) FROM ledger WHERE done_at <= %(start)s))
+"""
 _RATE = (
     "id, cluster_id AS cluster, gpu_hour_micro, currency,"
     " nullif(effective_from, '-infinity') AS effective_from, created_at"
@@ -37,7 +50,11 @@ def _us(ts: str) -> str:
     return f"(extract(epoch FROM {ts}) * 1000000)::bigint"
 
 
-# Each sample holds until the next one, for at most %(gap)s; clipped to the month.
+# Each sample holds until the next one, for at most %(gap)s, never past a decommission; clipped
+# to the month. A cluster's lifetime runs from its first sample to its decommission, or else to
+# what its last sample vouches for: coverage is observed time over the part of the month the
+# cluster existed ('existed'). Clusters are those with samples near the month, those reporting
+# now and those decommissioned; their first and last samples come from the primary key's index.
 _OBSERVED = f"""
 WITH s AS (
     SELECT cluster_id, observed_at AS t, gpus,
@@ -45,9 +62,10 @@ WITH s AS (
     FROM capacity_samples
     WHERE observed_at >= %(start)s - %(gap)s AND observed_at < %(end)s
 ), iv AS (
-    SELECT cluster_id, gpus, greatest(t, %(start)s) AS a,
-           least(coalesce(next_t, 'infinity'), t + %(gap)s, %(end)s) AS b
-    FROM s
+    SELECT s.cluster_id, gpus, greatest(t, %(start)s) AS a,
+           least(coalesce(next_t, 'infinity'), t + %(gap)s, %(end)s,
+                 coalesce(d.decommissioned_at, 'infinity')) AS b
+    FROM s LEFT JOIN cluster_decommissions d USING (cluster_id)
 ), obs AS (
     SELECT cluster_id, gpus, {_us("a")} AS a, {_us("b")} AS b FROM iv WHERE b > a
 ), r AS (
@@ -57,6 +75,21 @@ WITH s AS (
            coalesce({_us("lead(effective_from) OVER w")}, 9223372036854775807) AS rb
     FROM cost_rates
     WINDOW w AS (PARTITION BY cluster_id ORDER BY effective_from)
+), known AS (
+    SELECT DISTINCT cluster_id FROM s
+    UNION SELECT cluster_id FROM inventory_reports
+    UNION SELECT cluster_id FROM cluster_decommissions
+), span AS (
+    SELECT k.cluster_id, d.decommissioned_at,
+           (SELECT min(observed_at) FROM capacity_samples c WHERE c.cluster_id = k.cluster_id)
+               AS first_at,
+           (SELECT max(observed_at) FROM capacity_samples c WHERE c.cluster_id = k.cluster_id)
+               AS last_at
+    FROM known k LEFT JOIN cluster_decommissions d USING (cluster_id)
+), life AS (
+    SELECT cluster_id, greatest(first_at, %(start)s) AS a,
+           least(coalesce(decommissioned_at, last_at + %(gap)s), %(end)s) AS b
+    FROM span
 )
 SELECT 'rate' AS kind, o.cluster_id, r.gpu_hour_micro, r.currency,
        nullif(r.effective_from, '-infinity') AS effective_from,
@@ -67,6 +100,8 @@ UNION ALL
 SELECT 'seconds', cluster_id, NULL, NULL, NULL, sum(b - a)::bigint FROM obs GROUP BY 2
 UNION ALL
 SELECT 'gpu', cluster_id, NULL, NULL, NULL, sum(gpus * (b - a))::bigint FROM obs GROUP BY 2
+UNION ALL
+SELECT 'existed', cluster_id, NULL, NULL, NULL, {_us("b")} - {_us("a")} FROM life WHERE b > a
 """
 
 
@@ -95,17 +130,21 @@ def _hash(tenant: str, project: str) -> str:
 
 _KEY = _hash("coalesce(l.tenant, '')", "coalesce(l.project, '')")
 # Requests on a replica in the month: each gives a start event (+1) and an end event (−1), clipped
-# to the month. Two branches of one UNION ALL, each a parallel scan, rather than a LATERAL VALUES
+# to the month. A request belongs to the placement version in effect when it was received (pod
+# IPs are recycled: the same URL was another replica in another month). Two branches of one UNION ALL, each a parallel scan, rather than a LATERAL VALUES
 # of two rows per request: that nested loop cost more than scanning the ledger twice.
 _IN_MONTH = "l.done_at > %(start)s AND l.received_at < %(end)s AND l.done_at > l.received_at"
+_PLACED = (
+    "p.endpoint = l.endpoint AND l.received_at >= p.valid_from AND l.received_at < p.valid_to"
+)
 _USAGE = f"""
 WITH ev AS (
     SELECT p.replica, {_KEY} AS key, {_offset("greatest(l.received_at, %(start)s)")} AS t, 1 AS d
-    FROM ledger l JOIN endpoint_placements p ON p.endpoint = l.endpoint
+    FROM ledger l JOIN endpoint_placements p ON {_PLACED}
     WHERE {_IN_MONTH}
     UNION ALL
     SELECT p.replica, {_KEY}, {_offset("least(l.done_at, %(end)s)")}, -1
-    FROM ledger l JOIN endpoint_placements p ON p.endpoint = l.endpoint
+    FROM ledger l JOIN endpoint_placements p ON {_PLACED}
     WHERE {_IN_MONTH}
 ), swept AS (
     SELECT ev.*, sum(d) OVER w AS n, lead(t) OVER w AS next_t
@@ -135,7 +174,7 @@ SELECT tenant, project, {_hash("tenant", "project")} AS key, unplaced
 FROM (
     SELECT coalesce(l.tenant, '') AS tenant, coalesce(l.project, '') AS project,
            count(*) FILTER (WHERE p.endpoint IS NULL) AS unplaced
-    FROM ledger l LEFT JOIN endpoint_placements p ON p.endpoint = l.endpoint
+    FROM ledger l LEFT JOIN endpoint_placements p ON {_PLACED}
     WHERE l.done_at > %(start)s AND l.received_at < %(end)s AND l.endpoint IS NOT NULL
     GROUP BY 1, 2
 ) AS k
@@ -225,13 +264,21 @@ class CostStore:
             for r in await cursor.fetchall()
         ]
 
-    async def is_closed(self, conn: AsyncConnection[Any], period: Period) -> bool:
-        cursor = await conn.execute("SELECT 1 FROM cost_periods WHERE period = %s", (period.name,))
-        return await cursor.fetchone() is not None
+    async def closed(self, conn: AsyncConnection[Any]) -> set[str]:
+        cursor = await conn.execute("SELECT period FROM cost_periods")
+        return {row[0] for row in await cursor.fetchall()}
 
-    async def lock(self, conn: AsyncConnection[Any]) -> None:
-        """Closing is serialized: one close at a time, held until the transaction ends."""
-        await conn.execute(_LOCK)
+    async def begin_close(self, conn: AsyncConnection[Any]) -> None:
+        """Closing is serialized, one close at a time until the transaction ends, on one
+        snapshot. The first statements of the transaction."""
+        for statement in _BEGIN_CLOSE:
+            await conn.execute(statement)
+
+    async def data_before(self, conn: AsyncConnection[Any], period: Period) -> datetime | None:
+        """The earliest capacity sample or finished request before ``period``, if any."""
+        cursor = await conn.execute(_DATA_BEFORE, {"start": period.start})
+        row = await cursor.fetchone()
+        return _utc(row[0]) if row else None
 
     async def measure(
         self, conn: AsyncConnection[Any], period: Period, *, max_gap_s: int
@@ -327,6 +374,8 @@ def _observed_row(found: Measurements, row: dict[str, Any]) -> None:
     cluster, gpu_us = row["cluster_id"], int(row["gpu_us"] or 0)
     if row["kind"] == "seconds":
         found.observed_us[cluster] = gpu_us
+    elif row["kind"] == "existed":
+        found.existed_us[cluster] = gpu_us
     elif row["kind"] == "gpu":
         found.capacity_gpu_us[cluster] = gpu_us
     elif row["gpu_hour_micro"] is not None:  # else: observed time no rate covers

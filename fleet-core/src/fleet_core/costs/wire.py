@@ -51,11 +51,15 @@ class RateUsed(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 class ClusterCost(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     cluster: str
     coverage: float
+    """observedSeconds / existedSeconds."""
     observed_seconds: int
     observed_gpu_microseconds: int
     busy_gpu_microseconds: int
     """In-flight time per replica × its GPUs, capped by what was observed."""
     pool: int
+    existed_seconds: int = 0
+    """The part of the period the cluster existed: from its first report to its decommission,
+    or to what its last report vouches for (the whole period if it served and never reported)."""
 
 
 class Allocation(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

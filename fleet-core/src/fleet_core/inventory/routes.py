@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,8 +22,9 @@ _MAX_REPORT_BYTES = 16 * 1024 * 1024
 
 
 class _Inventory:
-    def __init__(self, store: InventoryStore) -> None:
+    def __init__(self, store: InventoryStore, *, max_gap_s: int) -> None:
         self.store = store
+        self.max_gap_s = max_gap_s
 
     async def put(self, request: Request) -> Response:
         body = await request.body()
@@ -37,6 +40,7 @@ class _Inventory:
             raise InvalidRequest(f"invalid inventory report: {exc}", code="invalid_report") from exc
         guard.require_cluster(request, report.cluster_id)
         service.check_bounds(report)
+        service.require_interval(report, max_interval_s=self.max_gap_s)
         await self.store.save(report)
         return web.json_response(service.summarize(report))
 
@@ -52,6 +56,15 @@ class _Inventory:
             raise NotFound(f"no inventory report from cluster {cluster_id!r} yet")
         return web.json_response({"summary": service.summarize(report), "report": report})
 
+    async def decommission(self, request: Request) -> Response:
+        """The cluster left the fleet (at ``?at=``, else now): its lifetime, over which a month's
+        coverage is computed, ends there, and its endpoints leave discovery."""
+        cluster_id = request.path_params["cluster_id"]
+        at = _instant(request.query_params.get("at"))
+        if not await self.store.decommission(cluster_id, at=at):
+            raise NotFound(f"cluster {cluster_id!r} has no current inventory report")
+        return web.json_response(service.Decommission(cluster_id=cluster_id, decommissioned_at=at))
+
     async def endpoints(self, request: Request) -> Response:
         document = service.endpoints_document(await self.store.latest())
         body = msgspec.json.encode(document)
@@ -63,11 +76,28 @@ class _Inventory:
         )
 
 
-def inventory_routes(store: InventoryStore) -> list[BaseRoute]:
-    ep = _Inventory(store)
+def _instant(text: str | None) -> datetime:
+    now = datetime.now(UTC)
+    if text is None:
+        return now
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None or at > now:
+        raise InvalidRequest(
+            f"at must be a past instant with a time zone (2026-09-15T00:00:00Z), not {text[:40]!r}",
+            param="at",
+        )
+    return at.astimezone(UTC)
+
+
+def inventory_routes(store: InventoryStore, *, max_gap_s: int) -> list[BaseRoute]:
+    ep = _Inventory(store, max_gap_s=max_gap_s)
     return [
         Route("/api/v1/inventory", ep.put, methods=["PUT"]),
         Route("/api/v1/inventory", ep.list, methods=["GET"]),
         Route("/api/v1/clusters/{cluster_id}", ep.cluster, methods=["GET"]),
+        Route("/api/v1/clusters/{cluster_id}", ep.decommission, methods=["DELETE"]),
         Route("/api/v1/endpoints", ep.endpoints, methods=["GET"]),
     ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterable
+from datetime import datetime
 
 import msgspec
 
@@ -19,9 +20,11 @@ from fleet_core.gateway import discovery
 __all__ = [
     "MAX_COUNT",
     "ClusterSummary",
+    "Decommission",
     "check_bounds",
     "endpoints_document",
     "etag",
+    "require_interval",
     "summarize",
     "total_gpus",
 ]
@@ -44,6 +47,11 @@ class ClusterSummary(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     mig_slices: dict[str, int]
     deployments: int
     deployments_by_phase: dict[str, int]
+
+
+class Decommission(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    cluster_id: str
+    decommissioned_at: datetime
 
 
 def total_gpus(report: InventoryReport) -> int:
@@ -74,6 +82,19 @@ def check_bounds(report: InventoryReport) -> None:
                 param=path,
                 code="out_of_range",
             )
+
+
+def require_interval(report: InventoryReport, *, max_interval_s: int) -> None:
+    """400 when the reporter's heartbeat is slower than one report vouches for capacity."""
+    interval = report.report_interval_seconds
+    if interval is not None and interval > max_interval_s:
+        raise InvalidRequest(
+            f"the operator reports every {interval:g} s but one report vouches for capacity for"
+            f" {max_interval_s} s: set the operator's --report-interval to at most"
+            f" {max_interval_s}s, or raise FLEET_COST_MAX_SAMPLE_GAP_S on the control plane",
+            param="reportIntervalSeconds",
+            code="report_interval_too_long",
+        )
 
 
 def summarize(report: InventoryReport) -> ClusterSummary:

@@ -27,6 +27,10 @@ class InventoryStore(Protocol):
 
     async def samples(self, cluster_id: str) -> list[tuple[datetime, int]]: ...
 
+    async def decommission(self, cluster_id: str, *, at: datetime) -> bool:
+        """Record that the cluster left at ``at``; False when it never reported."""
+        ...
+
 
 class MemoryInventory:
     def __init__(self) -> None:
@@ -47,6 +51,9 @@ class MemoryInventory:
 
     async def samples(self, cluster_id: str) -> list[tuple[datetime, int]]:
         return sorted(self._samples.get(cluster_id, {}).items())
+
+    async def decommission(self, cluster_id: str, *, at: datetime) -> bool:
+        return self._latest.pop(cluster_id, None) is not None
 
 
 class PostgresInventory:
@@ -70,6 +77,26 @@ class PostgresInventory:
                 " ON CONFLICT (cluster_id, observed_at) DO UPDATE SET gpus = excluded.gpus",
                 (report.cluster_id, report.observed_at, total_gpus(report)),
             )
+            await conn.execute(  # a report after its decommission: the cluster is back
+                "DELETE FROM cluster_decommissions WHERE cluster_id = %s"
+                " AND decommissioned_at < %s",
+                (report.cluster_id, report.observed_at),
+            )
+
+    async def decommission(self, cluster_id: str, *, at: datetime) -> bool:
+        async with self._pool.connection() as conn, conn.transaction():
+            cursor = await conn.execute(
+                "DELETE FROM inventory_reports WHERE cluster_id = %s RETURNING 1", (cluster_id,)
+            )
+            if await cursor.fetchone() is None:
+                return False
+            await conn.execute(
+                "INSERT INTO cluster_decommissions (cluster_id, decommissioned_at)"
+                " VALUES (%s, %s) ON CONFLICT (cluster_id) DO UPDATE"
+                " SET decommissioned_at = excluded.decommissioned_at, recorded_at = now()",
+                (cluster_id, at),
+            )
+            return True
 
     async def latest(self) -> list[InventoryReport]:
         async with self._pool.connection() as conn:
