@@ -78,8 +78,7 @@ def _grace_seconds(text: str) -> int:
     seconds = int(match[1]) * _GRACE_UNITS[match[2] or "s"] if match else -1
     if not 0 <= seconds <= _MAX_GRACE_S:
         raise ConfigError(
-            f"FLEET_COST_CLOSE_GRACE={text!r} is not a duration up to 28d such as 0, 90s, 30m"
-            " or 1h"
+            f"FLEET_COST_CLOSE_GRACE={text!r} is not a duration up to 28d such as 0, 90s, 30m or 1h"
         )
     return seconds
 

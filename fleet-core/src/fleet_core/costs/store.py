@@ -131,12 +131,11 @@ def _hash(tenant: str, project: str) -> str:
 _KEY = _hash("coalesce(l.tenant, '')", "coalesce(l.project, '')")
 # Requests on a replica in the month: each gives a start event (+1) and an end event (−1), clipped
 # to the month. A request belongs to the placement version in effect when it was received (pod
-# IPs are recycled: the same URL was another replica in another month). Two branches of one UNION ALL, each a parallel scan, rather than a LATERAL VALUES
-# of two rows per request: that nested loop cost more than scanning the ledger twice.
+# IPs are recycled: the same URL was another replica in another month). Two branches of one
+# UNION ALL, each a parallel scan, rather than a LATERAL VALUES of two rows per request: that
+# nested loop cost more than scanning the ledger twice.
 _IN_MONTH = "l.done_at > %(start)s AND l.received_at < %(end)s AND l.done_at > l.received_at"
-_PLACED = (
-    "p.endpoint = l.endpoint AND l.received_at >= p.valid_from AND l.received_at < p.valid_to"
-)
+_PLACED = "p.endpoint = l.endpoint AND l.received_at >= p.valid_from AND l.received_at < p.valid_to"
 _USAGE = f"""
 WITH ev AS (
     SELECT p.replica, {_KEY} AS key, {_offset("greatest(l.received_at, %(start)s)")} AS t, 1 AS d

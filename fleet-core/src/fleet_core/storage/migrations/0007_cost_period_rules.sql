@@ -1,9 +1,11 @@
 -- The cost period rules (issue 15): placements kept in time, clusters that end, bounded counts.
 
 -- A pod IP is recycled: the endpoint URL a ledger row names meant one replica in July and
--- another in August. Each placement is now a version valid over [valid_from, valid_to); the
--- versions of one URL tile all time (the first from '-infinity', the last to 'infinity'), and a
--- close joins each request to the version in effect when it was received.
+-- another in August. Each placement is now a version valid over [valid_from, valid_to), from
+-- the first report that listed the URL (the gateway cannot route to it before) to 'infinity',
+-- split where a report placed it differently; a close joins each request to the version in
+-- effect when it was received. Rows from before this migration keep '-infinity': their history
+-- was not kept.
 ALTER TABLE endpoint_placements DROP CONSTRAINT endpoint_placements_pkey;
 ALTER TABLE endpoint_placements
     ADD COLUMN valid_from timestamptz NOT NULL DEFAULT '-infinity',
@@ -19,6 +21,7 @@ CREATE OR REPLACE FUNCTION fleet_record_placements() RETURNS trigger LANGUAGE pl
 DECLARE
     entry record;
     cur   endpoint_placements%ROWTYPE;
+    nxt   endpoint_placements%ROWTYPE;
 BEGIN
     FOR entry IN
         SELECT DISTINCT ON (url) url, gpus
@@ -33,10 +36,20 @@ BEGIN
         WHERE endpoint = entry.url AND valid_from <= NEW.observed_at
               AND valid_to > NEW.observed_at
         FOR UPDATE;
-        IF NOT FOUND THEN
-            INSERT INTO endpoint_placements (endpoint, cluster_id, gpus_per_replica, first_seen,
-                                             last_seen)
-            VALUES (entry.url, NEW.cluster_id, entry.gpus, NEW.observed_at, NEW.observed_at);
+        IF NOT FOUND THEN  -- before the URL's first version, or never listed
+            SELECT * INTO nxt FROM endpoint_placements
+            WHERE endpoint = entry.url AND valid_from > NEW.observed_at
+            ORDER BY valid_from LIMIT 1 FOR UPDATE;
+            IF FOUND AND nxt.cluster_id = NEW.cluster_id AND nxt.gpus_per_replica = entry.gpus THEN
+                UPDATE endpoint_placements
+                SET valid_from = NEW.observed_at, first_seen = NEW.observed_at
+                WHERE replica = nxt.replica;
+            ELSE
+                INSERT INTO endpoint_placements (endpoint, cluster_id, gpus_per_replica,
+                                                 first_seen, last_seen, valid_from, valid_to)
+                VALUES (entry.url, NEW.cluster_id, entry.gpus, NEW.observed_at, NEW.observed_at,
+                        NEW.observed_at, coalesce(nxt.valid_from, 'infinity'));
+            END IF;
         ELSIF cur.cluster_id = NEW.cluster_id AND cur.gpus_per_replica = entry.gpus THEN
             UPDATE endpoint_placements
             SET first_seen = least(first_seen, NEW.observed_at),
