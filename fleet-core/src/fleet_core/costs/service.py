@@ -1,9 +1,11 @@
-"""Cost rates and closing months: one transaction per close, serialized by an advisory lock.
+"""Cost rates and closing months: one transaction per close, on one snapshot, one at a time.
 
 Closing measures the month in SQL (``store``), composes the report (``closing``, pure) and keeps
-it. Closing again recomputes: identical figures change nothing (so two simultaneous PUTs leave
-one report), different ones are booked as corrections into the next month, never rewritten into
-the report already issued. Once the next month is closed the earlier one is frozen (409).
+it. Months close in order, after a grace period; the first close of a month first re-measures
+the month before, so its late rows are booked into this one. Closing again recomputes: identical
+figures change nothing (so two simultaneous PUTs leave one report), different ones are booked as
+corrections into the next month, never rewritten into the report already issued. Once the next
+month is closed, re-closing is frozen (409). docs/architecture.md §6 lists the rules.
 """
 
 from __future__ import annotations
