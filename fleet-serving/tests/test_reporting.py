@@ -81,6 +81,8 @@ async def test_a_burst_of_changes_costs_one_put(
     report = await asyncio.wait_for(state.received.get(), timeout=5)
     assert len(report.nodes) == 50
     assert state.received.empty()
+    # the control plane checks the heartbeat against how long a report vouches for capacity
+    assert report.report_interval_seconds == 0.5
 
 
 async def test_at_most_one_put_in_flight_and_the_newest_snapshot_wins(
