@@ -133,25 +133,19 @@ def test_multiplying_every_tenants_usage_keeps_the_allocation(
     assert {(a.tenant, a.project): a.allocated for a in compose(scaled).allocations} == shares
 
 
-def test_a_pool_beyond_what_a_report_can_carry_is_400() -> None:
-    # seven clusters at the bounds: 100,000 GPUs all month at 10^10 micro-units per GPU-hour
+def at_the_bounds(clusters: int) -> Measurements:
+    """``clusters`` clusters of 100,000 GPUs, observed all month at 10^10 micro per GPU-hour."""
     gpu_us = 100_000 * MONTH_US
-    clusters = [f"c{i}" for i in range(7)]
-    found = Measurements(
-        observed_us=dict.fromkeys(clusters, MONTH_US),
-        capacity_gpu_us=dict.fromkeys(clusters, gpu_us),
-        slices=[RateSlice(c, 10**10, "USD", None, gpu_us) for c in clusters],
+    names = [f"c{i}" for i in range(clusters)]
+    return Measurements(
+        observed_us=dict.fromkeys(names, MONTH_US),
+        capacity_gpu_us=dict.fromkeys(names, gpu_us),
+        slices=[RateSlice(c, 10**10, "USD", None, gpu_us) for c in names],
     )
+
+
+def test_a_pool_beyond_what_a_report_can_carry_is_400() -> None:
+    assert compose(at_the_bounds(6)).pool == 6 * 100_000 * 720 * 10**10
     with pytest.raises(InvalidRequest, match="above the 4611686018427387904") as refused:
-        compose(found)
+        compose(at_the_bounds(7))
     assert refused.value.code == "pool_out_of_range"
-    assert compose(
-        Measurements(
-            **{
-                **found.__dict__,
-                "slices": found.slices[:6],
-                "observed_us": dict.fromkeys(clusters[:6], MONTH_US),
-                "capacity_gpu_us": dict.fromkeys(clusters[:6], gpu_us),
-            }
-        )
-    ).pool == (6 * 100_000 * 720 * 10**10)
