@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from fleet_core.costs.service import CostService, CostSettings
 from fleet_core.errors import InvalidRequest
 
-from .conftest import heartbeats, inventory, ledger, put_inventory
+from .conftest import ADMIN, heartbeats, inventory, ledger, put_inventory
 
 E1, E2 = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
 HOUR_US = 3_600_000_000
@@ -26,12 +26,12 @@ RATE = {"cluster": "k3s-dev", "gpuHourMicro": 3_200_000, "currency": "USD"}
 
 
 async def close(api: str, period: str, **params: str) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=60) as http:
+    async with httpx.AsyncClient(headers=ADMIN, timeout=60) as http:
         return await http.put(f"{api}/api/v1/cost-periods/{period}", params=params)
 
 
 async def post_rate(api: str, rate: dict[str, Any]) -> httpx.Response:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         return await http.post(f"{api}/api/v1/cost-rates", json=rate)
 
 
@@ -92,7 +92,7 @@ async def test_a_month_never_closed_is_not_frozen_by_its_successor(
     september = await close(api, "2026-09")
     assert september.status_code == 200, september.text
     assert september.json()["pool"] == 2 * 720 * 3_200_000
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         read = await http.get(f"{api}/api/v1/cost-periods/2026-09")
     assert read.status_code == 200
     # it is frozen only now, for a re-close: its successor has been closed
@@ -127,7 +127,7 @@ async def test_a_late_row_of_a_closed_month_is_billed_when_the_next_month_closes
     }
     # nobody used October: its pool is unallocated, and the tenants owe September's differences
     assert due(october.json()) == {"acme": -2_304_000_000, "initech": 2_304_000_000}
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         again = (await http.get(f"{api}/api/v1/cost-periods/2026-09")).json()
     assert again["allocations"] == september["allocations"]  # as issued
     assert again["recomputes"] == 1
@@ -269,7 +269,7 @@ async def test_a_decommissioned_cluster_ends_its_lifetime_there(
     )
     await post_rate(api, RATE)
     await post_rate(api, {**RATE, "cluster": "old-dc"})
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         gone = await http.delete(
             f"{api}/api/v1/clusters/old-dc", params={"at": "2026-09-20T00:00:00Z"}
         )
@@ -293,7 +293,7 @@ async def test_an_operator_reporting_less_often_than_a_sample_vouches_is_refused
     api: str,
 ) -> None:
     report = inventory("k3s-dev", at="2026-09-01T00:00:00Z", gpus=2)
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         fine = await http.put(
             f"{api}/api/v1/inventory", json={**report, "reportIntervalSeconds": 30}
         )
@@ -311,11 +311,16 @@ async def test_an_operator_reporting_less_often_than_a_sample_vouches_is_refused
 
 
 async def test_a_rate_near_two_to_the_63_is_400(api: str) -> None:
-    for amount in (2**63 - 1, 10**10 + 1):
+    for amount in (2**63 - 1, 2**53):
         refused = await post_rate(api, {**RATE, "gpuHourMicro": amount})
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["param"] == "gpuHourMicro"
-    assert (await post_rate(api, {**RATE, "gpuHourMicro": 10**10})).status_code == 201
+    assert (await post_rate(api, {**RATE, "gpuHourMicro": 2**53 - 1})).status_code == 201
+
+
+def _full_node() -> dict[str, Any]:
+    """A node whose GPU count fits a column, though two of them do not."""
+    return inventory("k3s-dev", at="2026-09-01T00:00:00Z", gpus=2**31 - 1)["nodes"][0]
 
 
 @pytest.mark.parametrize(
@@ -326,26 +331,13 @@ async def test_a_rate_near_two_to_the_63_is_400(api: str) -> None:
             lambda r: r["deployments"][0].update(gpusPerReplica=3_000_000_000),
             "deployments[0].gpusPerReplica",
         ),
-        (lambda r: r["nodes"].extend([r["nodes"][0]] * 2), "nodes"),
+        (lambda r: r["nodes"].extend([_full_node(), _full_node()]), "nodes"),
     ],
 )
 async def test_inventory_counts_out_of_bounds_are_400(api: str, edit: Any, param: str) -> None:
-    report = inventory("k3s-dev", at="2026-09-01T00:00:00Z", gpus=50_000, endpoints={E1: 1})
+    report = inventory("k3s-dev", at="2026-09-01T00:00:00Z", gpus=1, endpoints={E1: 1})
     edit(report)
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
         response = await http.put(f"{api}/api/v1/inventory", json=report)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
-
-
-async def test_the_worst_bounded_month_closes(api: str, postgres_url: str) -> None:
-    """100,000 GPUs at the largest rate for a 31-day month: the pool fits, and is exact."""
-    start, end = "2026-08-01T00:00:00Z", "2026-09-01T00:00:00Z"
-    await put_inventory(api, inventory("k3s-dev", at=start, gpus=100_000, endpoints={E1: 100_000}))
-    await heartbeats(postgres_url, "k3s-dev", start=start, end=end, gpus=100_000, every_s=60)
-    await post_rate(api, {**RATE, "gpuHourMicro": 10**10})
-    await ledger(postgres_url, [row("w1", "acme", E1, start, end)])
-    report = await close(api, "2026-08")
-    assert report.status_code == 200, report.text
-    assert report.json()["pool"] == 100_000 * 744 * 10**10
-    assert due(report.json()) == {"acme": 100_000 * 744 * 10**10}

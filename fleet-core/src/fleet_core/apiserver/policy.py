@@ -34,6 +34,7 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("PUT", "/api/v1/inventory"): allow("operator", audited=False),
     ("GET", "/api/v1/inventory"): allow("finance"),
     ("GET", "/api/v1/clusters/{cluster_id}"): allow("finance"),
+    ("DELETE", "/api/v1/clusters/{cluster_id}"): ADMIN,  # decommission: it changes coverage
     ("GET", "/api/v1/endpoints"): allow("gateway"),
     # tenants, projects, keys, budget rules: admin writes; a tenant key reads its own
     ("POST", "/api/v1/tenants"): ADMIN,
