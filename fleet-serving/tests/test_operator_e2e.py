@@ -68,7 +68,7 @@ async def test_a_fleetmodel_becomes_a_deployment_a_service_and_ready(
     assert container["env"][:1] == [
         {
             "name": "VLLM_API_KEY",
-            "valueFrom": {"secretKeyRef": {"name": "qwen-api-key", "key": "api-key"}},
+            "valueFrom": {"secretKeyRef": {"name": "fleet-engine-key", "key": "api-key"}},
         }
     ]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"

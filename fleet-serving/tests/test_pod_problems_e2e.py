@@ -25,7 +25,7 @@ def waiting(container: str, reason: str, message: str, *, init: bool = False) ->
     return {"phase": "Pending", key: [status]}
 
 
-SECRET = 'secret "qwen-api-key" not found'
+SECRET = 'secret "fleet-engine-key" not found'
 PULL = 'Back-off pulling image "vllm/vllm-openai:v0.0.0"'
 CRASH = "back-off 5m0s restarting failed container=engine"
 FETCH = "back-off 40s restarting failed container=fetch-weights"

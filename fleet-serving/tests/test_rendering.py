@@ -39,7 +39,7 @@ def test_vllm_deployment_runs_the_openai_server_with_its_key_from_a_secret() -> 
         "--served-model-name", "qwen", "--host", "0.0.0.0", "--port", "8000",
         "--tensor-parallel-size", "2", "--max-model-len=8192",
     ]  # fmt: skip
-    key = {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "qwen-api-key",
+    key = {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "fleet-engine-key",
                                                                    "key": "api-key"}}}  # fmt: skip
     assert c["env"][0] == key
     assert not any("key" in arg.lower() for arg in c["args"])  # argv is world-readable

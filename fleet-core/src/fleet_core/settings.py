@@ -87,6 +87,10 @@ class GatewaySettings:
     control_plane_token: str | None = field(default=None, repr=False)
     """The gateway's ``gateway`` credential for the control plane (FLEET_CONTROL_PLANE_TOKEN or
     FLEET_CONTROL_PLANE_TOKEN_FILE); required with FLEET_CONTROL_PLANE_URL."""
+    engine_key: str | None = field(default=None, repr=False)
+    """The key sent as ``Authorization: Bearer`` to every discovered engine (FLEET_ENGINE_KEY_FILE,
+    the namespace's ``fleet-engine-key`` Secret mounted read-only, or FLEET_ENGINE_KEY); read
+    once at start. Static upstreams keep their own ``api_key`` (ADR 0010)."""
     discovery_interval_s: float = 1.0
     """How often discovery polls; a scale-up reaches routing within about this long."""
     shutdown_grace_s: float = 30.0
@@ -202,6 +206,7 @@ def from_env(env: Mapping[str, str], config: GatewayConfig) -> GatewaySettings:
         max_body_bytes=_int(env, "FLEET_MAX_BODY_BYTES", 10 * 1024 * 1024),
         control_plane_url=control_plane_url,
         control_plane_token=control_plane_token,
+        engine_key=secret_from_env(env, "FLEET_ENGINE_KEY"),
         shutdown_grace_s=_float(env, "FLEET_SHUTDOWN_GRACE_S", 30.0),
         log=LogSettings(
             format=_choice(env, "FLEET_LOG_FORMAT", "text", ("text", "json")),

@@ -14,7 +14,7 @@ import msgspec
 from fleet_serving import profiles, sources
 from fleet_serving.profiles import EngineProfile
 from fleet_serving.sources import RegistryWeights
-from fleet_serving.spec import GROUP, KIND, VERSION, FleetModelSpec
+from fleet_serving.spec import DEFAULT_ENGINE_KEY, GROUP, KIND, VERSION, FleetModelSpec
 
 __all__ = [
     "MODEL_LABEL",
@@ -121,13 +121,10 @@ def _cache_env(spec: FleetModelSpec) -> list[Obj]:
 
 
 def _container(
-    owner: Owner, spec: FleetModelSpec, profile: EngineProfile, registry: RegistryWeights | None
+    spec: FleetModelSpec, profile: EngineProfile, registry: RegistryWeights | None
 ) -> Obj:
-    secret = spec.api_key_secret
-    key_ref = {
-        "name": secret.name if secret else f"{owner.name}-api-key",
-        "key": secret.key if secret else "api-key",
-    }
+    secret = spec.api_key_secret or DEFAULT_ENGINE_KEY
+    key_ref = {"name": secret.name, "key": secret.key}
     return {
         "name": "engine",
         "image": profiles.image_for(spec, profile),
@@ -189,7 +186,7 @@ def _pod_spec(
     owner: Owner, spec: FleetModelSpec, profile: EngineProfile, registry: RegistryWeights | None
 ) -> Obj:
     pod: Obj = {
-        "containers": [_container(owner, spec, profile, registry)],
+        "containers": [_container(spec, profile, registry)],
         "initContainers": _fetcher(spec, registry),
         "volumes": [
             {"name": "models", "emptyDir": {}},

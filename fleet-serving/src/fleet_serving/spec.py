@@ -18,6 +18,7 @@ from fleet_contract import Engine, Phase, WeightFormat
 from fleet_serving.errors import InvalidSpec
 
 __all__ = [
+    "DEFAULT_ENGINE_KEY",
     "GROUP",
     "KIND",
     "PLURAL",
@@ -86,6 +87,11 @@ class SecretKeyRef(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     key: Text = "api-key"
 
 
+DEFAULT_ENGINE_KEY = SecretKeyRef(name="fleet-engine-key", key="api-key")
+"""The engine key of every FleetModel that names none: one Secret per namespace, which the gateway
+mounts too and sends to every engine it discovers (ADR 0010)."""
+
+
 class Resources(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     """CPU and memory for each replica's container; GPUs come from ``gpusPerReplica``."""
 
@@ -121,7 +127,8 @@ class FleetModelSpec(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     image: Text | None = None
     """An engine image to run instead of the profile's default."""
     api_key_secret: SecretKeyRef | None = None
-    """The Secret holding the engine's API key; default: ``<name>-api-key``, key ``api-key``."""
+    """The Secret holding the engine's API key; default: the namespace's ``fleet-engine-key``,
+    key ``api-key``, which the gateway mounts too (ADR 0010)."""
     weight_file: (
         Annotated[str, Meta(min_length=1, max_length=253, pattern=r"^[^/].*\.gguf$")] | None
     ) = None

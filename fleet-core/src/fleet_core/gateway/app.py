@@ -143,7 +143,7 @@ async def open_resources(settings: GatewaySettings) -> AsyncIterator[GatewayReso
 def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -> Starlette:
     config = settings.config
     registry = EndpointRegistry(eject_after=config.health.eject_after)
-    router = Router(config, registry)
+    router = Router(config, registry, engine_key=settings.engine_key or "")
     proxy = Proxy(resources.session, registry, queue_timeout=config.queue_timeout_s)
     metrics = GatewayMetrics(endpoints=router.readiness)
     database = resources.database

@@ -13,9 +13,12 @@ __all__ = ["Router"]
 
 
 class Router:
-    def __init__(self, config: GatewayConfig, registry: EndpointRegistry) -> None:
+    def __init__(
+        self, config: GatewayConfig, registry: EndpointRegistry, *, engine_key: str = ""
+    ) -> None:
         self.config = config
         self.registry = registry
+        self._engine_key = engine_key
         self.table: RoutingTable = build_table(config)
         self._sync()
 
@@ -24,7 +27,7 @@ class Router:
 
     def apply_discovery(self, discovered: Iterable[DiscoveredModel]) -> None:
         """Rebuild from static config plus ``discovered`` and swap in one assignment."""
-        self.table = build_table(self.config, discovered)
+        self.table = build_table(self.config, discovered, engine_key=self._engine_key)
         self._sync()
 
     def _sync(self) -> None:

@@ -105,8 +105,12 @@ class _PoolDraft:
         )
 
 
-def build_table(config: GatewayConfig, discovered: Iterable[DiscoveredModel] = ()) -> RoutingTable:
-    """Merge static upstreams and discovered models into one table; same model, one pool."""
+def build_table(
+    config: GatewayConfig, discovered: Iterable[DiscoveredModel] = (), *, engine_key: str = ""
+) -> RoutingTable:
+    """Merge static upstreams and discovered models into one table; same model, one pool.
+    ``engine_key``: what every discovered endpoint is called with (ADR 0010); a URL also
+    declared statically keeps its upstream's key."""
     drafts: dict[str, _PoolDraft] = {}
     id_to_model = {u.id: u.model for u in config.upstreams}
     for up in config.upstreams:
@@ -119,7 +123,7 @@ def build_table(config: GatewayConfig, discovered: Iterable[DiscoveredModel] = (
         draft = drafts.setdefault(model.name, _PoolDraft(source="discovery"))
         known = {t.url for t in draft.targets}
         draft.targets += [
-            Target(u, model.engine, "discovered") for u in model.urls if u not in known
+            Target(u, model.engine, "discovered", engine_key) for u in model.urls if u not in known
         ]
     pools = {name: draft.freeze(name) for name, draft in drafts.items()}
     names = {name: name for name in pools}
