@@ -10,6 +10,8 @@
 #   3. creates what deploy/ ships no default for (docs/security.md), each only if it is missing:
 #      the control plane's admin token (random), and, without a fleet-core Secret, one holding a
 #      random gateway API key (printed once) so the gateway serves closed, never anonymously;
+#      and the engine key (ADR 0010, random): the Secret fleet-engine-key, key api-key, in
+#      fleet-system (mounted by the gateway) and default (read by the engines), one value in both;
 #   4. applies deploy/overlays/k3s (the FleetModel CRD, RBAC, operator, control plane, gateway),
 #      waits for the control plane, issues the operator (cluster k3s), gateway, engine and metrics
 #      credentials through its API and stores each in its Secret, then waits for the rest.
@@ -49,6 +51,18 @@ $kubectl apply -f "$here/base/namespace.yaml"
 if missing fleet-system fleet-admin-token; then
   random | store fleet-system fleet-admin-token
 fi
+# The engine key: one value in the gateway's namespace and every model namespace (here default;
+# copy it into each namespace you create FleetModels in). Kept if already there.
+engine_key="$($kubectl -n fleet-system get secret fleet-engine-key -o jsonpath='{.data.api-key}' \
+  2>/dev/null | base64 -d || true)"
+engine_key="${engine_key:-$(random)}"
+for namespace in fleet-system default; do
+  if missing "$namespace" fleet-engine-key; then
+    printf '%s' "$engine_key" | $kubectl -n "$namespace" create secret generic fleet-engine-key \
+      --from-file=api-key=/dev/stdin >/dev/null
+  fi
+done
+unset engine_key
 if missing fleet-system fleet-core; then
   key="demo/default/$(random)"
   printf 'FLEET_API_KEYS=%s\n' "$key" | $kubectl -n fleet-system create secret generic \

@@ -136,10 +136,16 @@ def test_deploy_is_closed_by_default(where: str) -> None:
     }
     for name, secret in wanted.items():
         pod = deployment_of(objects, name)["spec"]["template"]["spec"]
-        (volume,) = [v for v in pod["volumes"] if "secret" in v]
-        assert volume["secret"]["secretName"] == secret
+        (volume,) = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == secret]
         assert not volume["secret"].get("optional", False)
         assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+    # ADR 0010: the engine key, mounted read-only, is the file FLEET_ENGINE_KEY_FILE names.
+    (volume,) = [v for v in gateway["volumes"] if v.get("secret", {}).get("secretName") ==
+                 "fleet-engine-key"]  # fmt: skip
+    assert not volume["secret"].get("optional", False)
+    (mount,) = [m for m in gateway["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    assert env["FLEET_ENGINE_KEY_FILE"]["value"] == mount["mountPath"] + "/api-key"
     operator = deployment_of(objects, "fleet-serving")["spec"]["template"]["spec"]
     args = operator["containers"][0]["args"]
     assert "--report-token-file=/var/run/secrets/fleet/operator/token" in args
