@@ -88,3 +88,42 @@ async def test_safetensors_without_config_is_not_loadable() -> None:
     weights = blob("model.safetensors", files.safetensors_bytes([("a", "F32", (2,))]))
     with pytest.raises(FormatError, match=r"without a config\.json"):
         await verifying.model_facts([weights], {"model.safetensors": "x"}, requested=None)
+
+
+async def test_a_repository_of_several_quantizations_has_the_facts_of_each() -> None:
+    """Issue 16 item 6: with ``weightFile`` only one GGUF model is fetched and served, so its size
+    is its own file's (a split model's, all its parts'), and the parameters are one model's, not
+    a sum over every quantization the repository holds."""
+    stored = {
+        "m-Q8_0.gguf": files.gguf_bytes(seed=1),
+        "m-Q4_K_M.gguf": files.gguf_bytes(seed=2, alignment=64),
+        "m-F16-00001-of-00002.gguf": files.gguf_bytes(seed=3),
+        "m-F16-00002-of-00002.gguf": files.gguf_bytes(seed=4, alignment=128),
+        "README.md": b"# m",
+    }
+    one = await formats.parse_gguf(blob("m-Q8_0.gguf", stored["m-Q8_0.gguf"]))
+    blobs = [blob(name, data) for name, data in stored.items()]
+    facts = await verifying.model_facts(blobs, dict.fromkeys(stored, "x"), requested="gguf")
+    sizes = {v.file: v.size_bytes for v in facts.variants}
+    assert sizes == {
+        "m-F16-00001-of-00002.gguf": len(stored["m-F16-00001-of-00002.gguf"])
+        + len(stored["m-F16-00002-of-00002.gguf"]),
+        "m-Q4_K_M.gguf": len(stored["m-Q4_K_M.gguf"]),
+        "m-Q8_0.gguf": len(stored["m-Q8_0.gguf"]),
+    }
+    assert {v.file: v.parameters for v in facts.variants} == {
+        "m-F16-00001-of-00002.gguf": 2 * one.parameters,
+        "m-Q4_K_M.gguf": one.parameters,
+        "m-Q8_0.gguf": one.parameters,
+    }
+    assert facts.size_bytes == sum(len(d) for d in stored.values())  # what is stored
+    assert facts.parameters == facts.variants[0].parameters  # the first by name, as served
+    assert facts.quantization is None  # several: each variant names its own
+
+
+async def test_a_single_gguf_model_keeps_its_quantization_and_one_variant() -> None:
+    data = files.gguf_bytes()
+    facts = await verifying.model_facts([blob("m.gguf", data)], {"m.gguf": "x"}, requested=None)
+    (variant,) = facts.variants
+    assert (variant.file, variant.size_bytes, variant.quantization) == ("m.gguf", len(data), "Q8_0")
+    assert (facts.quantization, facts.parameters) == ("Q8_0", variant.parameters)

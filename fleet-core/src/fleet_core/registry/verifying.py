@@ -9,13 +9,14 @@ GGUF — written so the operator side can mirror it line for line.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Sequence
 
 from fleet_contract import WeightFile, WeightFormat
 from fleet_core.registry import formats
 from fleet_core.registry.formats import Blob, FormatError
-from fleet_core.registry.wire import ModelFacts
+from fleet_core.registry.wire import GgufVariant, ModelFacts
 
 __all__ = ["ENGINE_FORMATS", "engine_fit", "model_facts"]
 
@@ -123,11 +124,35 @@ async def _architecture(config: Blob) -> str | None:
 
 
 async def _gguf(weights: list[Blob], common: dict[str, object]) -> ModelFacts:
-    parsed = [await formats.parse_gguf(blob) for blob in weights]
+    """A repository may hold several quantizations, each perhaps split in parts: the facts of
+    each (a FleetModel's ``weightFile`` picks one), and of the first for the model's own."""
+    parts: dict[str, list[tuple[Blob, formats.GgufFacts]]] = {}
+    for blob in sorted(weights, key=lambda b: b.name):
+        parts.setdefault(_gguf_model(blob.name), []).append((blob, await formats.parse_gguf(blob)))
+    variants = tuple(
+        GgufVariant(
+            file=found[0][0].name,
+            quantization=found[0][1].quantization,
+            parameters=sum(facts.parameters for _, facts in found),
+            size_bytes=sum(blob.size for blob, _ in found),
+        )
+        for found in parts.values()
+    )
+    first = next(iter(parts.values()))[0][1]
     return ModelFacts(
         format="gguf",
-        architecture=parsed[0].architecture,
-        parameters=sum(p.parameters for p in parsed),
-        quantization=parsed[0].quantization,
+        architecture=first.architecture,
+        parameters=variants[0].parameters,
+        quantization=variants[0].quantization if len(variants) == 1 else None,
+        variants=variants,
         **common,  # type: ignore[arg-type]
     )
+
+
+_SPLIT = re.compile(r"-[0-9]{5}-of-[0-9]{5}\.gguf$")
+
+
+def _gguf_model(name: str) -> str:
+    """The model a GGUF file belongs to: its name without a split suffix (as llama.cpp's
+    ``gguf-split`` writes ``-00001-of-00003.gguf``), so a model's parts are counted together."""
+    return _SPLIT.sub("", name).removesuffix(".gguf")

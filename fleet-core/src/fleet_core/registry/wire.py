@@ -13,6 +13,7 @@ from fleet_core.rates.wire import RatesPut
 
 __all__ = [
     "EngineFit",
+    "GgufVariant",
     "HuggingFaceSource",
     "Model",
     "ModelCreate",
@@ -78,17 +79,33 @@ class ModelPatch(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Exact decimals, at most three of them (``/model-rates``' body)."""
 
 
+class GgufVariant(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One GGUF model of a repository (a quantization, with its split parts): what a FleetModel
+    naming ``file`` as its ``weightFile`` fetches and serves."""
+
+    file: str
+    """The name a FleetModel's ``weightFile`` gives: the file, or a split model's first part."""
+    quantization: str
+    parameters: int
+    size_bytes: int
+    """Every part of this model: what is fetched and served, not what the repository holds."""
+
+
 class ModelFacts(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """What verification found, by parsing the stored files."""
 
     format: WeightFormat
     architecture: str | None
     parameters: int
+    """GGUF: the parameters of one model (the first variant), not a sum over quantizations."""
     size_bytes: int
+    """Every stored file; a GGUF repository's served size is its variant's ``sizeBytes``."""
     dtype: str | None = None
     """safetensors: the dtype holding most parameters."""
     quantization: str | None = None
-    """GGUF: the file type (Q8_0, Q4_K_M …)."""
+    """GGUF: the file type (Q8_0, Q4_K_M …) when the files hold one model; None with several."""
+    variants: tuple[GgufVariant, ...] = ()
+    """GGUF: each model the files hold, by ``file``, with what serving it fetches."""
     tokenizer: bool = False
     """A tokenizer.json is present (GET /models/{id}/tokenizer serves it)."""
     files: tuple[WeightFile, ...] = ()
