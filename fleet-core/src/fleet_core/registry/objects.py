@@ -92,7 +92,14 @@ class DirectoryStore:
             partial.parent.mkdir(parents=True, exist_ok=True)
             return partial.open("ab" if resume else "wb")
 
-        handle = await asyncio.to_thread(open_file)
+        opening = asyncio.ensure_future(asyncio.to_thread(open_file))
+        try:
+            handle = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # The thread opens the file whatever happens to us: close it once it has, rather
+            # than leave an open handle to the garbage collector.
+            opening.add_done_callback(_close_opened)
+            raise
         return _FileWriter(handle, partial, final)
 
     async def size(self, key: str) -> int | None:
@@ -139,6 +146,11 @@ class DirectoryStore:
     async def delete_prefix(self, prefix: str) -> None:
         for base in (self._path(prefix), self._path(prefix, partial=True)):
             await asyncio.to_thread(shutil.rmtree, base, True)
+
+
+def _close_opened(opening: asyncio.Future[BinaryIO]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
 
 
 class _FileWriter:
