@@ -9,7 +9,7 @@ UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 PACKAGES := contract fleet-core fleet-serving
 
-.PHONY: help dev seed kube test check lint format typecheck compat bench lock clean
+.PHONY: help dev seed kube test check lint format typecheck compat bench lock notice clean
 
 help:
 	@echo "make dev    - run the system on embedded defaults"
@@ -18,7 +18,8 @@ help:
 	@echo "make kube   - build the real Kubernetes control plane the tests use (once, cached)"
 	@echo "make check  - format check, lint, types, import layering, contract compatibility, tests"
 	@echo "make bench  - run the benchmarks and write docs/benchmarks.md"
-	@echo "make lock   - re-resolve dependencies and rewrite requirements.lock"
+	@echo "make lock   - re-resolve dependencies and rewrite requirements.lock (and NOTICE)"
+	@echo "make notice - regenerate NOTICE from the locks (a test fails when it is stale)"
 
 $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
@@ -58,7 +59,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
-	$(BIN)/mypy contract/src fleet-core/src fleet-serving/src
+	$(BIN)/mypy contract/src fleet-core/src fleet-serving/src tools
 
 compat: $(STAMP)
 	$(PY) -m fleet_contract.compat
@@ -73,6 +74,11 @@ lock: $(BIN)/uv
 	$(BIN)/uv lock --upgrade
 	$(BIN)/uv export --format requirements-txt --no-emit-workspace --all-packages --group dev \
 		--no-header --quiet -o requirements.lock
+	$(MAKE) notice
+
+# NOTICE lists every pinned third-party package with the license its installed metadata declares.
+notice: $(STAMP)
+	$(PY) tools/notice.py
 
 clean:
 	rm -rf $(VENV) .dev .pytest_cache .mypy_cache .ruff_cache
