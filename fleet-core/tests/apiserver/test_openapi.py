@@ -71,6 +71,8 @@ DATABASE = {
     ("GET", "/api/v1/models/{model_id}/fit"),
     *((m, "/api/v1/models/{model_id}/pull") for m in ("POST", "GET", "DELETE")),
     ("GET", "/api/v1/models/{model_id}/pull/events"),
+    ("POST", "/api/v1/models/{model_id}/import"),
+    ("PUT", "/api/v1/models/{model_id}/import/{name}"),
 }
 
 

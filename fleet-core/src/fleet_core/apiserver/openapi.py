@@ -41,7 +41,7 @@ _ERRORS = {
     403: "The credential's role may not call this, or not for this tenant or cluster",
     404: "Not found",
     409: "Conflict",
-    415: "A write whose Content-Type is not application/json",
+    415: "A write whose Content-Type is not application/json (octet-stream for an upload)",
     416: "Range Not Satisfiable: the range starts past the end of the file",
     503: "A dependency is unavailable",
 }
@@ -66,6 +66,8 @@ class Operation:
     errors: tuple[int, ...] = ()
     media_type: str = "application/json"
     """Another type (``application/octet-stream``) is a body of bytes, with no ``response``."""
+    uploads_bytes: bool = False
+    """The request body is raw bytes (``application/octet-stream``), not JSON."""
 
 
 _TENANT = "/api/v1/tenants/{tenant_id}"
@@ -245,7 +247,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Delete a budget rule", response=budgets.BudgetRule, errors=(404,)
     ),
     ("POST", "/api/v1/models"): Operation(
-        "Register a model (source: huggingface {repo, revision} or uri hf://owner/name@rev)",
+        "Register a model (source: huggingface {repo, revision}, uri hf://owner/name@rev, or "
+        "local {origin} for files a client imports)",
         body=registry.ModelCreate,
         response=registry.Model,
         status=201,
@@ -307,6 +310,22 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Cancel the pull, removing every object it wrote",
         response=registry.PullProgress,
         errors=(404,),
+    ),
+    ("POST", f"{_MODEL}/import"): Operation(
+        "Start importing a client's own files into a model registered with source.local: the "
+        "plan lists each file's path, size and sha256 (what fleet models import sends)",
+        body=registry.ImportPlan,
+        response=registry.PullProgress,
+        status=202,
+        errors=(400, 404, 409),
+    ),
+    ("PUT", f"{_MODEL}/import/{{name}}"): Operation(
+        "Upload one planned file as the raw body (streamed, hashed on arrival); after the last "
+        "file the set is parsed and the answer shows Ready. 400 import_failed (size, sha256, "
+        "format or an interrupted upload) leaves the model Failed",
+        response=registry.PullProgress,
+        uploads_bytes=True,
+        errors=(400, 404, 409, 503),
     ),
     ("GET", f"{_MODEL}/pull/events"): Operation(
         "The same progress as server-sent events (text/event-stream, event: progress), ending "
@@ -378,7 +397,9 @@ def _operation(
     }
     if path == OPENAPI_PATH:
         doc["security"] = []
-    if operation.body is not None:
+    if operation.uploads_bytes:
+        doc["requestBody"] = {"required": True, "content": {"application/octet-stream": {}}}
+    elif operation.body is not None:
         doc["requestBody"] = {
             "required": True,
             "content": {"application/json": {"schema": schema_of[operation.body]}},

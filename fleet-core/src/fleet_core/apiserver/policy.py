@@ -80,6 +80,10 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("GET", f"{_MODEL}/pull"): ADMIN,
     ("DELETE", f"{_MODEL}/pull"): allow(action="cancel"),
     ("GET", f"{_MODEL}/pull/events"): ADMIN,
+    ("POST", f"{_MODEL}/import"): allow(action="import"),
+    ("PUT", f"{_MODEL}/import/{{name:path}}"): allow(
+        action="upload", media="application/octet-stream"
+    ),
     # credentials and the audit trail
     ("POST", "/api/v1/credentials"): ADMIN,
     ("GET", "/api/v1/credentials"): ADMIN,

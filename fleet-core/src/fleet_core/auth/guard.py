@@ -52,13 +52,18 @@ class Policy:
     audited: bool = True
     """False only for the operator's inventory heartbeat (a report every 30 s is not a change
     anyone acted on; each report is kept with the time it was received)."""
+    media: str = "application/json"
+    """The Content-Type a write must carry: JSON, or ``application/octet-stream`` for an upload
+    of raw bytes (neither is one a cross-site form or a ``text/plain`` fetch can send)."""
 
     def admits(self, role: Role) -> bool:
         return role == "admin" or role in self.roles
 
 
-def allow(*roles: Role, action: str | None = None, audited: bool = True) -> Policy:
-    return Policy(frozenset(roles), action=action, audited=audited)
+def allow(
+    *roles: Role, action: str | None = None, audited: bool = True, media: str = "application/json"
+) -> Policy:
+    return Policy(frozenset(roles), action=action, audited=audited, media=media)
 
 
 def principal(request: Request) -> Principal:
@@ -101,7 +106,7 @@ def guard(route: Route, policy: Policy, auth: AuthService) -> Route:
                 )
             request.state.principal = who
         if request.method in WRITES:
-            _require_json(request)
+            _require_media(request, policy.media)
         response = await endpoint(request)
         if who is not None and request.method in WRITES and policy.audited:
             await _audit(auth, request, who, policy, response.status_code)
@@ -110,11 +115,11 @@ def guard(route: Route, policy: Policy, auth: AuthService) -> Route:
     return Route(route.path, guarded, methods=route.methods, name=route.name)
 
 
-def _require_json(request: Request) -> None:
+def _require_media(request: Request, wanted: str) -> None:
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if request.method != "DELETE" and media != "application/json":
+    if request.method != "DELETE" and media != wanted:
         raise UnsupportedMediaType(
-            f"{request.method} needs Content-Type: application/json (got {media[:80] or 'none'})",
+            f"{request.method} needs Content-Type: {wanted} (got {media[:80] or 'none'})",
             param="Content-Type",
         )
 

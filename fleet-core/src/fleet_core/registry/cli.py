@@ -1,15 +1,16 @@
-"""``fleet models pull|list|show`` against a control plane, with a live progress bar.
+"""``fleet models pull|import|list|show`` against a control plane, with a live progress bar.
 
     fleet models pull hf://Qwen/Qwen2.5-0.5B-Instruct     # registers it if needed, then pulls
     fleet models pull qwen2.5-0.5b-instruct                # an id already registered
+    fleet models import ./gemma-3-270m.gguf --id gemma-3-270m   # no hub: a local file or directory
     fleet models list
     fleet models show qwen2.5-0.5b-instruct
 
 The control plane is ``--api`` or FLEET_CONTROL_PLANE_URL (default http://127.0.0.1:8081); the
 credential is FLEET_TOKEN or FLEET_TOKEN_FILE, else the admin token ``make dev`` keeps in
 ``.dev/admin-token``.
-Ctrl-C during a pull cancels it on the control plane (the pull would otherwise go on without you).
-Exit status: 0 Ready, 1 the pull ended otherwise or the API refused, 2 a usage error.
+Ctrl-C during a pull or an import cancels it on the control plane (a pull would otherwise go on
+without you). Exit status: 0 Ready, 1 it ended otherwise or the API refused, 2 a usage error.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -38,6 +40,8 @@ from rich.table import Table
 
 from fleet_core.auth.tokens import bearer, client_token
 from fleet_core.errors import ConfigError
+from fleet_core.registry import uploading
+from fleet_core.registry.client import Api, ApiError
 
 __all__ = ["main"]
 
@@ -45,33 +49,7 @@ DEFAULT_API = "http://127.0.0.1:8081"
 TERMINAL = ("Ready", "Failed", "Cancelled", "Registered")
 
 
-class ApiError(Exception):
-    """The control plane refused; ``str()`` is its error message."""
-
-
-class _Api:
-    def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
-        self.session, self.base = session, base.rstrip("/")
-
-    async def call(self, method: str, path: str, body: object = None) -> Any:
-        async with self.session.request(method, self.base + path, json=body) as response:
-            payload = await response.json(content_type=None)
-            if response.status >= 400:
-                error = payload.get("error", {}) if isinstance(payload, dict) else {}
-                raise ApiError(f"{response.status}: {error.get('message', payload)}")
-            return payload
-
-    async def events(self, model_id: str) -> AsyncIterator[dict[str, Any]]:
-        url = f"{self.base}/api/v1/models/{model_id}/pull/events"
-        async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=None)) as response:
-            if response.status >= 400:
-                raise ApiError(f"{response.status}: {await response.text()}")
-            async for line in response.content:
-                if line.startswith(b"data: "):
-                    yield json.loads(line[6:])
-
-
-async def _resolve(api: _Api, target: str, model_format: str | None) -> str:
+async def _resolve(api: Api, target: str, model_format: str | None) -> str:
     """The model id for ``target``: an id, or an hf:// URI registered here when needed."""
     if not target.startswith("hf://"):
         return target
@@ -85,7 +63,7 @@ async def _resolve(api: _Api, target: str, model_format: str | None) -> str:
     return str((await api.call("POST", "/api/v1/models", body))["id"])
 
 
-async def _follow(api: _Api, model_id: str, console: Console) -> dict[str, Any]:
+async def _follow(api: Api, model_id: str, console: Console) -> dict[str, Any]:
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -105,7 +83,7 @@ async def _follow(api: _Api, model_id: str, console: Console) -> dict[str, Any]:
     return last
 
 
-async def _pull(api: _Api, args: argparse.Namespace, console: Console) -> int:
+async def _pull(api: Api, args: argparse.Namespace, console: Console) -> int:
     interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, interrupted.set)  # before the pull exists
@@ -116,7 +94,7 @@ async def _pull(api: _Api, args: argparse.Namespace, console: Console) -> int:
 
 
 async def _pull_until(
-    api: _Api, args: argparse.Namespace, console: Console, interrupted: asyncio.Event
+    api: Api, args: argparse.Namespace, console: Console, interrupted: asyncio.Event
 ) -> int:
     model_id = await _resolve(api, args.target, args.format)
     started = await api.call("POST", f"/api/v1/models/{model_id}/pull")
@@ -137,12 +115,35 @@ async def _pull_until(
     return 0 if final["status"] == "Ready" else 1
 
 
-async def _list(api: _Api, console: Console) -> int:
+async def _import(api: Api, args: argparse.Namespace, console: Console) -> int:
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, interrupted.set)
+    try:
+        plan = await uploading.plan(Path(args.path), console)
+        model_id = args.id or uploading.default_id(Path(args.path))
+        work = asyncio.ensure_future(uploading.run(api, model_id, plan, args, console))
+        waiter = asyncio.ensure_future(interrupted.wait())
+        await asyncio.wait((work, waiter), return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if interrupted.is_set() and not work.done():
+            work.cancel()
+            final = await api.call("DELETE", f"/api/v1/models/{model_id}/pull")
+        else:
+            final = await work
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    reason = f": {final['reason']}" if final.get("reason") else ""
+    console.print(f"{model_id}: {final['status']}{reason}")
+    return 0 if final["status"] == "Ready" else 1
+
+
+async def _list(api: Api, console: Console) -> int:
     table = Table("ID", "STATUS", "FORMAT", "SIZE", "SOURCE", "REASON")
     for model in (await api.call("GET", "/api/v1/models"))["data"]:
         facts = model.get("facts") or {}
         source = model["source"]
-        where = source.get("uri") or "hf://{repo}@{revision}".format(**source["huggingface"])
+        where = _where(source)
         size = f"{facts['sizeBytes']:,}" if facts else ""
         fmt = facts.get("format") or model.get("format") or ""
         table.add_row(model["id"], model["status"], fmt, size, where, model["reason"])
@@ -150,7 +151,13 @@ async def _list(api: _Api, console: Console) -> int:
     return 0
 
 
-async def _show(api: _Api, model_id: str, console: Console) -> int:
+def _where(source: dict[str, Any]) -> str:
+    if "local" in source:
+        return f"imported: {source['local']['origin']}"
+    return str(source.get("uri") or "hf://{repo}@{revision}".format(**source["huggingface"]))
+
+
+async def _show(api: Api, model_id: str, console: Console) -> int:
     console.print_json(json.dumps(await api.call("GET", f"/api/v1/models/{model_id}")))
     return 0
 
@@ -160,16 +167,21 @@ async def _run(args: argparse.Namespace, token: str | None) -> int:
     headers = {"Content-Type": "application/json", **bearer(token)}  # every write is JSON
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
-        api = _Api(session, args.api)
+        api = Api(session, args.api)
         try:
             if args.action == "pull":
                 return await _pull(api, args, console)
+            if args.action == "import":
+                return await _import(api, args, console)
             if args.action == "list":
                 return await _list(api, console)
             return await _show(api, args.target, console)
         except ApiError as exc:
             console.print(f"fleet: {exc}", style="red")
             return 1
+        except uploading.LocalFilesError as exc:
+            console.print(f"fleet: {exc}", style="red")
+            return 2
         except aiohttp.ClientError as exc:
             console.print(f"fleet: cannot reach the control plane at {args.api}: {exc}")
             return 1
@@ -184,6 +196,12 @@ def _parser(default_api: str) -> argparse.ArgumentParser:
     pull = actions.add_parser("pull", help="pull a model's weights, with progress")
     pull.add_argument("target", help="a model id, or hf://owner/name[@revision] to register")
     pull.add_argument("--format", choices=("safetensors", "gguf"), help="required format")
+    imports = actions.add_parser(
+        "import", help="register local weights (a file or a directory) without any hub"
+    )
+    imports.add_argument("path", help="a weights file (.gguf) or a model directory")
+    imports.add_argument("--id", help="the model id (default: the file or directory name)")
+    imports.add_argument("--format", choices=("safetensors", "gguf"), help="required format")
     actions.add_parser("list", help="list registered models")
     show = actions.add_parser("show", help="one model, with its facts")
     show.add_argument("target", help="a model id")

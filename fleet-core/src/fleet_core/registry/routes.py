@@ -1,25 +1,28 @@
-"""HTTP edge of the model registry: models, their pulls (with an event stream), tokenizers and
-the files of Ready models (what the operator's init container downloads)."""
+"""HTTP edge of the model registry: models, their pulls (with an event stream) and imports
+(streamed uploads), tokenizers and the files of Ready models (what the operator's init container
+downloads)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from fleet_contract import encode_weights
 from fleet_core import web
 from fleet_core.errors import RangeNotSatisfiable
+from fleet_core.registry.importing import UploadInterrupted
 from fleet_core.registry.service import RegistryService
-from fleet_core.registry.wire import ModelCreate, ModelPatch, PullProgress
+from fleet_core.registry.wire import ImportPlan, ModelCreate, ModelPatch, PullProgress
 
 __all__ = ["registry_routes"]
 
 _CREATE = msgspec.json.Decoder(ModelCreate)
 _PATCH = msgspec.json.Decoder(ModelPatch)
+_PLAN = msgspec.json.Decoder(ImportPlan)
 _OCTETS = "application/octet-stream"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -102,6 +105,31 @@ class _Pulls:
         )
 
 
+class _Imports:
+    def __init__(self, service: RegistryService) -> None:
+        self.service = service
+
+    async def start(self, request: Request) -> Response:
+        plan = web.decode(_PLAN, await request.body())
+        started = await self.service.start_import(request.path_params["model_id"], plan)
+        return web.json_response(started, 202)
+
+    async def file(self, request: Request) -> Response:
+        """One planned file, as the request's body (streamed: never held whole)."""
+        params = request.path_params
+        done = await self.service.receive(params["model_id"], params["name"], _body(request))
+        return web.json_response(done)
+
+
+async def _body(request: Request) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                yield chunk
+    except ClientDisconnect as exc:
+        raise UploadInterrupted("the client disconnected") from exc
+
+
 def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
     """The one byte range a ``Range`` header asks for, as (first, last) inclusive, or None to send
     the whole file (no header, another unit, several ranges or a malformed one: RFC 9110 lets a
@@ -132,7 +160,7 @@ async def _sse(snapshots: AsyncIterator[PullProgress]) -> AsyncIterator[bytes]:
 
 
 def registry_routes(service: RegistryService) -> list[BaseRoute]:
-    models, pulls = _Models(service), _Pulls(service)
+    models, pulls, imports = _Models(service), _Pulls(service), _Imports(service)
     one = "/api/v1/models/{model_id}"
     return [
         Route("/api/v1/models", models.create, methods=["POST"]),
@@ -148,4 +176,6 @@ def registry_routes(service: RegistryService) -> list[BaseRoute]:
         Route(f"{one}/pull", pulls.get, methods=["GET"]),
         Route(f"{one}/pull", pulls.cancel, methods=["DELETE"]),
         Route(f"{one}/pull/events", pulls.events, methods=["GET"]),
+        Route(f"{one}/import", imports.start, methods=["POST"]),
+        Route(f"{one}/import/{{name:path}}", imports.file, methods=["PUT"]),
     ]

@@ -8,7 +8,6 @@ second would resume the first one's pulls after its own restart.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import re
@@ -20,18 +19,29 @@ import aiohttp
 from psycopg_pool import AsyncConnectionPool
 
 from fleet_contract import ModelWeights, WeightFile
-from fleet_core.errors import Conflict, InvalidRequest, NotFound
+from fleet_core.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from fleet_core.inventory.store import InventoryStore
 from fleet_core.rates import pricing
 from fleet_core.registry import verifying
+from fleet_core.registry.formats import FormatError
 from fleet_core.registry.hubclient import HubClient
-from fleet_core.registry.objects import DirectoryStore, ObjectStore
-from fleet_core.registry.pulling import Pull, PullDeps, object_prefix, progress_of
+from fleet_core.registry.importing import Import, UploadInterrupted
+from fleet_core.registry.objects import DirectoryStore, ObjectStore, ObjectStoreError
+from fleet_core.registry.pulling import Pull
 from fleet_core.registry.s3 import S3Store
 from fleet_core.registry.settings import RegistrySettings
-from fleet_core.registry.store import ModelRecord, ModelStore
+from fleet_core.registry.store import ModelRecord, ModelStore, PlannedFile
+from fleet_core.registry.transfers import (
+    Mismatch,
+    Stop,
+    Transfer,
+    TransferDeps,
+    object_prefix,
+    progress_of,
+)
 from fleet_core.registry.wire import (
     EngineFit,
+    ImportPlan,
     Model,
     ModelCreate,
     ModelPatch,
@@ -49,10 +59,22 @@ _HF_URI = re.compile(
 )
 
 
+def _one_source(source: Source) -> None:
+    given = [x for x in (source.huggingface, source.uri, source.local) if x is not None]
+    if len(given) != 1:
+        raise InvalidRequest(
+            "give exactly one of source.huggingface, source.uri or source.local", param="source"
+        )
+
+
 def hub_location(source: Source) -> tuple[str, str]:
     """(repo, revision) on the hub; InvalidRequest naming the field when there is none."""
-    if (source.huggingface is None) == (source.uri is None):
-        raise InvalidRequest("give exactly one of source.huggingface or source.uri", param="source")
+    _one_source(source)
+    if source.local is not None:
+        raise InvalidRequest(
+            "a model with source.local is imported (POST /api/v1/models/{id}/import), not pulled",
+            param="source",
+        )
     if source.huggingface is not None:
         return source.huggingface.repo, source.huggingface.revision
     match = _HF_URI.match(source.uri or "")
@@ -62,6 +84,14 @@ def hub_location(source: Source) -> tuple[str, str]:
             param="source.uri",
         )
     return match["repo"], match["revision"] or "main"
+
+
+def _origin_name(source: Source) -> str:
+    """The repository, or for an import the file or directory name without its suffix."""
+    _one_source(source)
+    if source.local is None:
+        return hub_location(source)[0]
+    return source.local.origin.removesuffix(".gguf").removesuffix(".safetensors")
 
 
 def _default_id(repo: str) -> str:
@@ -130,9 +160,13 @@ class RegistryService:
         settings: RegistrySettings,
     ) -> None:
         self.store, self.objects, self.inventory = store, objects, inventory
-        self._deps = PullDeps(store, objects, hub, persist_every_s=settings.persist_every_s)
+        self._deps = TransferDeps(
+            store, objects, hub,
+            persist_every_s=settings.persist_every_s, stall_timeout_s=settings.stall_timeout_s,
+        )  # fmt: skip
         self._settings = settings
-        self._pulls: dict[str, tuple[Pull, asyncio.Task[None]]] = {}
+        self._transfers: dict[str, Transfer] = {}
+        """The pull or import running for a model: at most one each."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -159,8 +193,7 @@ class RegistryService:
 
     # --- models ------------------------------------------------------------------------------
     async def register(self, new: ModelCreate) -> Model:
-        repo, _ = hub_location(new.source)
-        model_id = new.id or _default_id(repo)
+        model_id = new.id or _default_id(_origin_name(new.source))
         record = await self.store.insert(model_id, new.source, new.format)
         if record is None:
             raise Conflict(f"model {model_id!r} already exists", param="id")
@@ -262,12 +295,18 @@ class RegistryService:
             )
         return StoredFile(listed, self.objects, object_prefix(model_id) + listed.path)
 
-    # --- pulls -------------------------------------------------------------------------------
+    # --- pulls and imports --------------------------------------------------------------------
     async def start_pull(self, model_id: str) -> PullProgress:
         """Starts a pull, or reports the one running (or the Ready model): idempotent."""
-        if model_id in self._pulls:
-            return self._pulls[model_id][0].snapshot()
-        await self._record(model_id)
+        if model_id in self._transfers:
+            return self._transfers[model_id].snapshot()
+        record = await self._record(model_id)
+        if record.source.local is not None and record.status != "Ready":
+            raise Conflict(
+                f"model {model_id!r} holds imported files ({record.source.local.origin}); "
+                "there is nothing to pull: import them again (fleet models import)",
+                code="imported_model",
+            )
         if await self.store.claim_pull(model_id):
             self._start(await self._record(model_id), resume=False)
         return await self.progress(model_id)  # ours, or the one a concurrent request started
@@ -275,62 +314,104 @@ class RegistryService:
     def _start(self, record: ModelRecord, *, resume: bool) -> None:
         repo, revision = hub_location(record.source)
         pull = Pull(record, repo, revision, self._deps)
-        task = asyncio.create_task(pull.run(resume=resume), name=f"pull {record.id}")
-        self._pulls[record.id] = (pull, task)
-        task.add_done_callback(lambda _: self._forget(record.id, task))
+        self._transfers[record.id] = pull
+        pull.start(resume=resume).add_done_callback(lambda _: self._forget(pull))
 
-    def _forget(self, model_id: str, task: asyncio.Task[None]) -> None:
-        if self._pulls.get(model_id, (None, None))[1] is task:
-            del self._pulls[model_id]
+    def _forget(self, transfer: Transfer) -> None:
+        if self._transfers.get(transfer.model_id) is transfer:
+            del self._transfers[transfer.model_id]
+
+    async def start_import(self, model_id: str, plan: ImportPlan) -> PullProgress:
+        """Claims the model for the planned files; each then arrives with ``receive``."""
+        record = await self._record(model_id)
+        if record.source.local is None:
+            raise Conflict(
+                f"model {model_id!r} is pulled from its hub; register a model with "
+                "source.local to import files",
+                code="not_an_import",
+            )
+        paths = [f.path for f in plan.files]
+        if len(set(paths)) != len(paths):
+            raise InvalidRequest("the plan names a file twice", param="files")
+        if model_id in self._transfers or not await self.store.claim_pull(model_id):
+            raise Conflict(
+                f"model {model_id!r} is {record.status}: delete it to import other files"
+                if record.status == "Ready"
+                else f"model {model_id!r} is being imported already",
+                code="model_busy",
+            )
+        files = tuple(PlannedFile(path=f.path, size=f.size, sha256=f.sha256) for f in plan.files)
+        await self.store.save_progress(model_id, revision=None, files=files, bytes_done=0)
+        started = Import(await self._record(model_id), self._deps)
+        self._transfers[model_id] = started
+        return started.snapshot()
+
+    async def receive(self, model_id: str, name: str, chunks: AsyncIterator[bytes]) -> PullProgress:
+        """One planned file of the import running for ``model_id``, stored from ``chunks``."""
+        running = self._transfers.get(model_id)
+        if not isinstance(running, Import):
+            record = await self._record(model_id)
+            raise Conflict(
+                f"model {model_id!r} has no import running (it is {record.status}); start one "
+                f"with POST /api/v1/models/{model_id}/import",
+                code="no_import",
+            )
+        try:
+            return await running.receive(name, chunks)
+        except (Mismatch, UploadInterrupted, FormatError) as exc:
+            raise InvalidRequest(str(exc), param="name", code="import_failed") from exc
+        except ObjectStoreError as exc:
+            raise Unavailable(str(exc), code="object_store_unavailable") from exc
+        finally:
+            if running.status != "Pulling":
+                self._forget(running)
 
     async def progress(self, model_id: str) -> PullProgress:
-        if model_id in self._pulls:
-            return self._pulls[model_id][0].snapshot()
+        if model_id in self._transfers:
+            return self._transfers[model_id].snapshot()
         return progress_of(await self._record(model_id))
 
     async def events(self, model_id: str) -> AsyncIterator[PullProgress]:
-        """Checked now (404 before the stream starts); then snapshots until the pull ends."""
-        running = self._pulls.get(model_id)
+        """Checked now (404 before the stream starts); then snapshots until the transfer ends."""
+        running = self._transfers.get(model_id)
         if running is not None:
-            return running[0].changes()
-        return _once(await self.progress(model_id))  # read after: a pull that just ended is final
+            return running.changes()
+        return _once(await self.progress(model_id))  # read after: one that just ended is final
 
     async def cancel(self, model_id: str) -> PullProgress:
         await self._record(model_id)
         await self._stop(model_id, "cancel")
         return progress_of(await self._record(model_id))
 
-    async def _stop(self, model_id: str, why: str) -> None:
-        running = self._pulls.get(model_id)
+    async def _stop(self, model_id: str, why: Stop) -> None:
+        running = self._transfers.get(model_id)
         if running is None:
             return
-        pull, task = running
-        pull.stop = "cancel" if why == "cancel" else "shutdown"
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        if why == "cancel" and pull.status == "Pulling":  # cancelled before it ever ran
+        await running.halt(why)
+        self._forget(running)
+        if why == "cancel" and running.status == "Pulling":  # cancelled before it ever ran
             await self.objects.delete_prefix(object_prefix(model_id))
             await self.store.finish(
                 model_id, "Cancelled", reason="cancelled by a client", facts=None
             )
 
     async def recover(self) -> None:
-        """Pulls a restart interrupted: resumed, or Failed with the reason."""
+        """Transfers a restart interrupted: pulls resumed (or Failed), imports Failed."""
         for record in await self.store.pulling():
-            if self._settings.resume_on_start:
+            if record.source.local is None and self._settings.resume_on_start:
                 log.info("resuming the pull of %s", record.id)
                 self._start(record, resume=True)
-            else:
-                await self.objects.delete_prefix(object_prefix(record.id))
-                await self.store.finish(
-                    record.id, "Failed",
-                    reason="interrupted by a control-plane restart (resume is off); pull again",
-                    facts=None,
-                )  # fmt: skip
+                continue
+            reason = (
+                "interrupted by a control-plane restart; import the files again"
+                if record.source.local is not None
+                else "interrupted by a control-plane restart (resume is off); pull again"
+            )
+            await self.objects.delete_prefix(object_prefix(record.id))
+            await self.store.finish(record.id, "Failed", reason=reason, facts=None)
 
     async def shutdown(self) -> None:
-        for model_id in list(self._pulls):
+        for model_id in list(self._transfers):
             await self._stop(model_id, "shutdown")
 
     async def _record(self, model_id: str) -> ModelRecord:

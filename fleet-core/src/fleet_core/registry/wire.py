@@ -15,6 +15,9 @@ __all__ = [
     "EngineFit",
     "GgufVariant",
     "HuggingFaceSource",
+    "ImportFile",
+    "ImportPlan",
+    "LocalSource",
     "Model",
     "ModelCreate",
     "ModelFacts",
@@ -42,6 +45,15 @@ RepoId = Annotated[
     ),
 ]
 Revision = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")]
+RelativePath = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+ -]*(/[A-Za-z0-9_][A-Za-z0-9_.+ -]*)*$",
+        max_length=512,
+        description="a relative path with '/' between segments; no segment starts with '.'",
+    ),
+]
+Sha256 = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$", description="lowercase hex")]
 
 
 class HuggingFaceSource(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -50,11 +62,19 @@ class HuggingFaceSource(msgspec.Struct, frozen=True, kw_only=True, rename="camel
     """A branch, tag or commit; pinned to the commit at pull time."""
 
 
+class LocalSource(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Weights a client uploads (``fleet models import``): no hub is asked for anything."""
+
+    origin: Annotated[str, Meta(min_length=1, max_length=255)]
+    """The name of the file or directory they came from, as the client saw it (shown only)."""
+
+
 class Source(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
-    """Exactly one of ``huggingface`` or ``uri`` (``hf://owner/name[@revision]``)."""
+    """Exactly one of ``huggingface``, ``uri`` (``hf://owner/name[@revision]``) or ``local``."""
 
     huggingface: HuggingFaceSource | None = None
     uri: Annotated[str, Meta(max_length=400)] | None = None
+    local: LocalSource | None = None
 
 
 class ModelCreate(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -63,6 +83,19 @@ class ModelCreate(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Defaults to the repository's name, lowercased."""
     format: WeightFormat | None = None
     """What the files must contain; a pull whose files do not is Failed."""
+
+
+class ImportFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    path: RelativePath
+    size: Annotated[int, Meta(ge=0, le=1 << 44)]
+    sha256: Sha256
+    """What the client hashed before sending; the bytes that arrive must hash to it."""
+
+
+class ImportPlan(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The files an import will upload (``POST /models/{id}/import``), one PUT each after."""
+
+    files: Annotated[tuple[ImportFile, ...], Meta(min_length=1, max_length=10_000)]
 
 
 class Rates(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
