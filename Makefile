@@ -9,7 +9,7 @@ UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 PACKAGES := contract fleet-core fleet-serving
 
-.PHONY: help dev seed kube test check lint format typecheck compat bench lock notice clean
+.PHONY: help dev seed kube test check lint format typecheck compat bench lock notice llama-server e2e image image-base image-test clean
 
 help:
 	@echo "make dev    - run the system on embedded defaults"
@@ -20,6 +20,11 @@ help:
 	@echo "make bench  - run the benchmarks and write docs/benchmarks.md"
 	@echo "make lock   - re-resolve dependencies and rewrite requirements.lock (and NOTICE)"
 	@echo "make notice - regenerate NOTICE from the locks (a test fails when it is stale)"
+	@echo "make llama-server - build llama.cpp's llama-server once into ~/.cache/fleet"
+	@echo "make e2e    - the tests against a real engine (llama-server on Gemma 3 270M)"
+	@echo "make image  - build the fleet-core and fleet-serving images into build/fleet-images-*.tar"
+	@echo "make image-base - a local Debian base image (mmdebstrap), for IMAGE_BASE=..."
+	@echo "make image-test - run both images from the archive as Kubernetes would (podman)"
 
 $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
@@ -59,7 +64,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
-	$(BIN)/mypy contract/src fleet-core/src fleet-serving/src tools
+	$(BIN)/mypy contract/src fleet-core/src fleet-serving/src tools deploy/image/lockpick.py
 
 compat: $(STAMP)
 	$(PY) -m fleet_contract.compat
@@ -79,6 +84,28 @@ lock: $(BIN)/uv
 # NOTICE lists every pinned third-party package with the license its installed metadata declares.
 notice: $(STAMP)
 	$(PY) tools/notice.py
+
+# llama.cpp's own server, built from the source vendored in the pinned llama-cpp-python sdist,
+# once per version into ${XDG_CACHE_HOME:-~/.cache}/fleet/llama.cpp-<version>/ (~7 min on 2 cores).
+llama-server:
+	PYTHON=$(PYTHON) e2e/engine/build-llama-server.sh
+
+# Tests marked e2e (pyproject's addopts leave them out of `make test` and plain pytest): a real llama-server on a real GGUF, built and
+# fetched into the per-user cache first (both steps return at once when cached).
+e2e: $(STAMP) llama-server
+	PYTHON=$(PYTHON) e2e/engine/fetch-gemma.sh
+	$(BIN)/pytest -m e2e
+
+# Images (deploy/image): Docker when a daemon answers, else buildah; IMAGE_BASE=... overrides the
+# Dockerfile's base (make image-base builds localhost/fleet-base:bookworm with mmdebstrap).
+image:
+	IMAGE_BASE=$(IMAGE_BASE) deploy/image/build.sh
+
+image-base:
+	deploy/image/build-base.sh
+
+image-test:
+	deploy/image/test.sh
 
 clean:
 	rm -rf $(VENV) .dev .pytest_cache .mypy_cache .ruff_cache

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install k3s on this machine and apply Fleet's k3s overlay.
 #
-# Usage:  sudo deploy/k3s-bootstrap.sh            (from the repository root)
+# Usage:  make image && sudo deploy/k3s-bootstrap.sh      (from the repository root)
 #
 # What it does, in order:
 #   1. installs k3s (single node; its bundled Traefik serves the gateway on port 80) unless a
 #      `k3s` binary is already present; K3S_VERSION pins a release (default: the stable channel);
-#   2. waits until the node is Ready;
+#   2. waits until the node is Ready, then imports Fleet's images into k3s's containerd from the
+#      archive `make image` wrote (FLEET_IMAGES, default build/fleet-images-<fleet-core
+#      version>.tar): no registry is needed, and the manifests name exactly those tags;
 #   3. creates what deploy/ ships no default for (docs/security.md), each only if it is missing:
 #      the control plane's admin token (random), and, without a fleet-core Secret, one holding a
 #      random gateway API key (printed once) so the gateway serves closed, never anonymously;
@@ -24,9 +26,16 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/../fleet-core/pyproject.toml")
+images="${FLEET_IMAGES:-$here/../build/fleet-images-$version.tar}"
 
 if [[ "$(id -u)" -ne 0 ]]; then
   echo "k3s-bootstrap: run as root (sudo), it installs a system service" >&2
+  exit 1
+fi
+
+if [[ ! -s $images ]]; then
+  echo "k3s-bootstrap: no image archive at $images: run \`make image\` first (or set FLEET_IMAGES)" >&2
   exit 1
 fi
 
@@ -41,6 +50,9 @@ kubectl="k3s kubectl"
 
 echo "k3s-bootstrap: waiting for the node"
 $kubectl wait --for=condition=Ready node --all --timeout=180s
+
+echo "k3s-bootstrap: importing $images"
+k3s ctr --namespace k8s.io images import "$images"
 
 random() { openssl rand -hex 32; }
 missing() { ! $kubectl -n "$1" get secret "$2" >/dev/null 2>&1; }
