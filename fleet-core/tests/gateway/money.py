@@ -23,7 +23,16 @@ from redis.asyncio import Redis
 
 from fleet_core.metering.records import UsageRecord
 
-__all__ = ["Books", "billed", "bucket_level", "envelope", "in_flight", "ledger_ids", "records"]
+__all__ = [
+    "Books",
+    "billed",
+    "bucket_level",
+    "envelope",
+    "in_flight",
+    "ledger_ids",
+    "metric",
+    "records",
+]
 
 SETTLE_WITHIN_S = 10.0
 
@@ -41,13 +50,16 @@ async def records(url: str, headers: dict[str, str] | None = None) -> list[Usage
 
 
 async def in_flight(url: str, headers: dict[str, str] | None = None) -> float:
+    return await metric(url, "fleet_requests_in_flight", headers)
+
+
+async def metric(url: str, sample: str, headers: dict[str, str] | None = None) -> float:
+    """The sum of a gateway's ``sample`` series (every label set) on /metrics; 0 if none."""
     async with httpx.AsyncClient() as http:
         got = await http.get(f"{url}/metrics", headers=headers or {})
     assert got.status_code == 200, got.text
-    for family in text_string_to_metric_families(got.text):
-        if family.name == "fleet_requests_in_flight":
-            return sum(sample.value for sample in family.samples)
-    return 0.0
+    families = text_string_to_metric_families(got.text)
+    return sum(s.value for family in families for s in family.samples if s.name == sample)
 
 
 async def bucket_level(redis_url: str, key: str) -> float | None:
