@@ -3,7 +3,8 @@
 fleet-core runs as a subprocess, started by module name; the test imports nothing of it (P7).
 Without a database the apiserver keeps inventory in memory, validating with the contract. The
 operator reports with an ``operator`` credential for its cluster, issued by the control plane's
-admin as a deployment would (docs/security.md), and handed to it in a file.
+admin as a deployment would (docs/security.md), and handed to it in a file. Each test runs against
+kmock and against a real API server (``cluster``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from .conftest import FM, NODES, Api, StartOperator, cpu_node, fleetmodel, free_port
+from .cluster import Cluster
+from .conftest import FM, NODES, StartOperator, cpu_node, fleetmodel, free_port
 from .conftest import gpu_node as a_gpu_node
 
 pytestmark = pytest.mark.timeout(60)
@@ -81,13 +83,13 @@ async def until_reported(url: str, token: str, *, within: float = 20.0) -> dict[
 
 
 async def test_a_real_control_plane_accepts_the_report(
-    api: Api, control_plane: str, start_operator: StartOperator, admin_token: str
+    cluster: Cluster, control_plane: str, start_operator: StartOperator, admin_token: str
 ) -> None:
-    await api.create(NODES, a_gpu_node("gpu-1", gpus=4))
-    await api.create(NODES, cpu_node("cpu-1"))
+    await cluster.create(NODES, a_gpu_node("gpu-1", gpus=4))
+    await cluster.create(NODES, cpu_node("cpu-1"))
     token = await operator_credential(control_plane, admin_token, "test")
     await start_operator(control_plane, "--report-interval=30s", token=token)
-    await api.create(FM, fleetmodel("gemma", engine="llamacpp", weightFormat="gguf",
+    await cluster.create(FM, fleetmodel("gemma", engine="llamacpp", weightFormat="gguf",
                                     gpusPerReplica=0))  # fmt: skip
     report = await until_reported(f"{control_plane}/api/v1/clusters/test", admin_token)
     assert sorted(n["name"] for n in report["nodes"]) == ["cpu-1", "gpu-1"]
@@ -100,15 +102,15 @@ async def test_a_real_control_plane_accepts_the_report(
 
 
 async def test_an_operator_without_a_valid_credential_changes_nothing(
-    api: Api, control_plane: str, start_operator: StartOperator, admin_token: str
+    cluster: Cluster, control_plane: str, start_operator: StartOperator, admin_token: str
 ) -> None:
     """Another cluster's credential, or a made-up one, is refused (403, 401 in the apiserver's
     tests): both operators keep retrying, and nothing lands."""
-    await api.create(NODES, cpu_node("cpu-1"))
+    await cluster.create(NODES, cpu_node("cpu-1"))
     other = await operator_credential(control_plane, admin_token, "elsewhere")
     first = await start_operator(control_plane, "--report-interval=1s", token=other)
     second = await start_operator(control_plane, "--report-interval=1s", token="fsc_made_up")
-    await api.create(FM, fleetmodel("gemma", engine="llamacpp", weightFormat="gguf",
+    await cluster.create(FM, fleetmodel("gemma", engine="llamacpp", weightFormat="gguf",
                                     gpusPerReplica=0))  # fmt: skip
     for operator in (first, second):
         for _ in range(300):
