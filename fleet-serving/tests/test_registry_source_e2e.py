@@ -1,10 +1,10 @@
 """A FleetModel whose source is a registry model, end to end across both services.
 
 A real ``fleet-apiserver`` process (Postgres, the synthetic hub, a directory object store) and a
-real ``fleet-serving run`` process against kmock. The operator waits while the model is not Ready,
-then renders an init container whose script is run here, for real, against the control plane: the
-files it fetches must be the registry's, byte for byte. fleet-core is started by module name and
-read only over HTTP and the contract (P7).
+real ``fleet-serving run`` process against kmock, then against a real API server (``cluster``).
+The operator waits while the model is not Ready, then renders an init container whose script is
+run here, for real, against the control plane: the files it fetches must be the registry's, byte
+for byte. fleet-core is started by module name and read only over HTTP and the contract (P7).
 """
 
 from __future__ import annotations
@@ -23,19 +23,16 @@ import pytest
 
 from fleet_testing.fix_s3 import S3Server
 
+from .cluster import Cluster
 from .conftest import (
     FM,
     NODES,
-    Api,
     StartOperator,
     cpu_node,
     eventually,
     fleetmodel,
     free_port,
-    live,
-    phase_of,
 )
-from .kube_emulator import FleetKubernetes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -125,8 +122,8 @@ async def run_fetch(
     return out.decode()
 
 
-def waiting_for_weights(kube: FleetKubernetes, name: str) -> dict[str, Any] | None:
-    status = phase_of(kube, name, "Pending")
+def waiting_for_weights(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    status = cluster.phase_of(name, "Pending")
     return status if status and status["reason"] == "WeightsNotReady" else None
 
 
@@ -139,8 +136,7 @@ def sha256_of(path: Path) -> str:
 
 
 async def test_a_registry_model_is_served_once_ready_from_files_the_control_plane_sends(
-    kube: FleetKubernetes,
-    api: Api,
+    cluster: Cluster,
     control_plane: str,
     start_operator: StartOperator,
     tmp_path: Path,
@@ -149,20 +145,20 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
     models = f"{control_plane}/api/v1/models"
     admin = {"token": admin_token}
     await call("POST", models, {"id": "tiny", "source": {"uri": "hf://fleet/tiny-gguf"}}, **admin)
-    await api.create(NODES, cpu_node("cpu-1"))
+    await cluster.create(NODES, cpu_node("cpu-1"))
     operator = await credential(control_plane, admin_token, "operator", clusterId="test")
     engine_token = await credential(control_plane, admin_token, "engine")
     await start_operator(control_plane, "--resync=1s", "--report-interval=30s", token=operator)
     spec = {"engine": "llamacpp", "weightFormat": "gguf", "gpusPerReplica": 0}
-    await api.create(FM, fleetmodel("tiny", source={"registry": "tiny"}, **spec))
-    await api.create(FM, fleetmodel("ghost", source={"registry": "ghost"}, **spec))
+    await cluster.create(FM, fleetmodel("tiny", source={"registry": "tiny"}, **spec))
+    await cluster.create(FM, fleetmodel("ghost", source={"registry": "ghost"}, **spec))
 
     # Registered, not pulled: the model waits, and nothing is rendered.
-    waiting = await eventually(lambda: waiting_for_weights(kube, "tiny"))
+    waiting = await eventually(lambda: waiting_for_weights(cluster, "tiny"))
     assert "registry model 'tiny' is Registered" in waiting["message"]
-    ghost = await eventually(lambda: waiting_for_weights(kube, "ghost"))
+    ghost = await eventually(lambda: waiting_for_weights(cluster, "ghost"))
     assert "registry model 'ghost' does not exist" in ghost["message"]
-    assert live(kube, "deployments", "tiny") is None
+    assert cluster.live("deployments", "tiny") is None
 
     # Pulled: the operator notices on its own (retry), and renders the fetch.
     await call("POST", f"{models}/tiny/pull", **admin)
@@ -172,7 +168,7 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
             break
         await asyncio.sleep(0.05)
     assert model["status"] == "Ready", model["reason"]
-    deployment = await eventually(lambda: live(kube, "deployments", "tiny"), within=30)
+    deployment = await eventually(lambda: cluster.live("deployments", "tiny"), within=30)
     pod = deployment["spec"]["template"]["spec"]
     (fetch,) = pod["initContainers"]
     engine = pod["containers"][0]
@@ -195,15 +191,15 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
     stored = {f["path"]: f["sha256"] for f in model["facts"]["files"]}
     assert {p: sha256_of(fetched / p) for p in stored} == stored
     status = await eventually(
-        lambda: (s := phase_of(kube, "tiny", "Pending")) and s["reason"] == "Starting" and s
+        lambda: (s := cluster.phase_of("tiny", "Pending")) and s["reason"] == "Starting" and s
     )
     assert status["message"] == "0/1 replicas ready"
 
     # The report names the registry model, so the control plane refuses to delete it in use.
     async with aiohttp.ClientSession() as session:
         for _ in range(200):
-            cluster = await call("GET", f"{control_plane}/api/v1/clusters/test", **admin)
-            report = cluster["report"]
+            reported = await call("GET", f"{control_plane}/api/v1/clusters/test", **admin)
+            report = reported["report"]
             if {d["name"]: d.get("registryModel") for d in report["deployments"]}.get("tiny"):
                 break
             await asyncio.sleep(0.05)
@@ -216,12 +212,11 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
         ) as refused:
             answer = await refused.json()
     assert refused.status == 409, answer
-    assert "test/default/tiny" in answer["error"]["message"]
+    assert f"test/{cluster.namespace}/tiny" in answer["error"]["message"]
 
 
 async def test_a_registry_model_in_the_wrong_format_fails_with_the_reason(
-    kube: FleetKubernetes,
-    api: Api,
+    cluster: Cluster,
     control_plane: str,
     start_operator: StartOperator,
     admin_token: str,
@@ -232,9 +227,9 @@ async def test_a_registry_model_in_the_wrong_format_fails_with_the_reason(
     await call("POST", f"{models}/tiny/pull", **admin)
     operator = await credential(control_plane, admin_token, "operator", clusterId="test")
     await start_operator(control_plane, "--resync=1s", "--report-interval=30s", token=operator)
-    await api.create(FM, fleetmodel("wrong", source={"registry": "tiny"}))  # vLLM, safetensors
-    status = await eventually(lambda: phase_of(kube, "wrong", "Failed"), within=30)
+    await cluster.create(FM, fleetmodel("wrong", source={"registry": "tiny"}))  # vLLM, safetensors
+    status = await eventually(lambda: cluster.phase_of("wrong", "Failed"), within=30)
     assert status["message"] == (
         "registry model 'tiny' holds gguf weights, but the spec says weightFormat safetensors"
     )
-    assert live(kube, "deployments", "wrong") is None
+    assert cluster.live("deployments", "wrong") is None
