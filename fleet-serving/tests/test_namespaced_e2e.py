@@ -3,11 +3,15 @@
 A real operator process against kmock, started with ``--namespace=team-a``, and a FleetModel of
 the same name in ``team-a`` and in ``default``: only the first gets a Deployment, a status and a
 place in the report. Nodes are cluster-scoped, so they are still watched and reported.
+On a real API server (``real_cluster``, the operator started with ``--namespace`` set to the
+test's namespace, as the admin), the same split is observed on the objects and the report.
 """
 
 from __future__ import annotations
 
 import copy
+import secrets
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,6 +19,7 @@ from kmock import action
 
 from fleet_contract import InventoryReport
 
+from .cluster import RealCluster
 from .conftest import FM, NODES, Api, Sink, StartOperator, eventually, fleetmodel, gpu_node
 from .kube_emulator import FleetKubernetes
 
@@ -87,3 +92,46 @@ async def test_only_the_watched_namespace_is_reconciled_and_reported(
     looked = listed_or_watched(kube)
     assert {("fleetmodels", WATCHED), ("nodes", None)} <= looked
     assert {ns for plural, ns in looked if plural not in CLUSTER_SCOPED} == {WATCHED}
+
+
+@pytest.fixture
+def other_namespace(real_cluster: RealCluster) -> Iterator[str]:
+    """A second namespace on the real API server, which the operator is not told to watch."""
+    name = f"u-{secrets.token_hex(4)}"
+    real_cluster.cluster.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    yield name
+    real_cluster.cluster.delete(f"/api/v1/namespaces/{name}")
+
+
+async def test_on_a_real_api_server_only_the_watched_namespace_is_reconciled(
+    real_cluster: RealCluster,
+    other_namespace: str,
+    sink: tuple[Sink, str],
+    start_operator: StartOperator,
+) -> None:
+    state, url = sink
+    watched = real_cluster.namespace
+    await real_cluster.create(NODES, gpu_node("gpu-1"))
+    # start_operator passes --namespace=<the test's namespace> on the real server.
+    await start_operator(url, "--resync=1s", "--report-interval=30s")
+    other_fm = f"/apis/serving.fleet.dev/v1alpha1/namespaces/{other_namespace}/fleetmodels"
+    unwatched = await real_cluster.create(
+        other_fm, in_namespace(fleetmodel("qwen"), other_namespace)
+    )
+    await real_cluster.create(FM, fleetmodel("qwen"))
+
+    deployment = await eventually(lambda: real_cluster.live("deployments", "qwen"))
+    assert deployment["metadata"]["namespace"] == watched
+    status = await eventually(lambda: real_cluster.phase_of("qwen", "Pending"))
+    assert status["phase"] == "Pending"
+    report = await eventually(lambda: with_deployments(state))
+
+    assert real_cluster.live("deployments", "qwen", other_namespace) is None
+    assert real_cluster.live("services", "qwen", other_namespace) is None
+    left = real_cluster.live("fleetmodels", "qwen", other_namespace)
+    assert left is not None
+    assert "status" not in left
+    assert left["metadata"].get("finalizers") is None  # kopf never took it on
+    assert left["metadata"]["resourceVersion"] == unwatched["metadata"]["resourceVersion"]
+    assert [(d.namespace, d.name) for d in report.deployments] == [(watched, "qwen")]
+    assert [n.name for n in report.nodes] == ["gpu-1"]
