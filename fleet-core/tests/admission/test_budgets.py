@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from fleet_core.admission.budgets import Amounts, BudgetBook, book_key, free_after
+from fleet_core.admission.budgets import Amounts, BudgetBook, book_key, free_after, scopes_of
 from fleet_core.admission.directory import BudgetRule
 from fleet_core.admission.store import MemoryStore
 from fleet_core.errors import ReservationTooLarge
@@ -70,6 +70,37 @@ async def test_a_released_hold_leaves_nothing_behind() -> None:
     assert store.held(book_key(RULE)) == 0
     assert store.held(book_key(UNITS)) == 0
     assert book.own() == 0
+
+
+async def test_a_request_served_before_its_rule_existed_counts_until_rolled_up() -> None:
+    """The CI failure of stop 22: a request admitted before the gateway knew a new rule held
+    nothing, and its record was not yet in the rollups, so the rule admitted 20 tokens too many."""
+    store = MemoryStore()
+    book = BudgetBook(grace_s=2.0, ledger=True)
+    book.refreshed({}, started_at=0.0)
+    book.settle_unheld(
+        scopes_of("acme", "x"), Amounts(tokens_input=12, tokens_output=8), request_id="r0"
+    )
+    book.settle_unheld(scopes_of("globex", "x"), Amounts(tokens_input=50), request_id="r1")
+    book.refreshed({"rule_a": 0}, started_at=1.0)  # the rule appears; the ledger lacks r0 yet
+    assert book.usage(RULE) == 20
+    assert book.unrolled(RULE) == 20
+    _, asks = book.hold([RULE], Amounts(tokens_input=41, tokens_output=40))
+    decision = await store.reserve([], asks)
+    assert (decision.refused_hold, decision.excess) == (0, 1)  # 20 + 81 > 100
+
+    book.committed(["r0", "r1"], at=2.0)
+    book.refreshed({"rule_a": 20}, started_at=3.0)  # another gateway may not have it yet
+    assert book.usage(RULE) == 40  # counted twice for a moment: errs on refusing
+    book.refreshed({"rule_a": 20}, started_at=4.5)
+    assert book.usage(RULE) == 20  # the rollups alone now
+    assert book.unrolled(RULE) == 0
+
+
+async def test_without_a_ledger_unheld_requests_are_not_tracked() -> None:
+    book = BudgetBook()
+    book.settle_unheld(scopes_of("acme", "x"), Amounts(tokens_input=12), request_id="r0")
+    assert book.usage(RULE) == 0
 
 
 def test_a_demand_above_the_limit_can_never_fit() -> None:

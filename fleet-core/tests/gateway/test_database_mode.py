@@ -21,6 +21,7 @@ import openai
 import psycopg
 import pytest
 
+from fleet_core.admission.directory import BudgetRule
 from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
 from fleet_core.apiserver.app import open_resources as open_apiserver
 from fleet_core.errors import ConfigError
@@ -468,8 +469,9 @@ async def test_the_ledger_key_is_the_gateways_not_the_clients(start_fleet: Fleet
     assert all(r[0].startswith("req_") for r in rows)
     assert [r[1] for r in rows].count("globex") == 1  # billed to its own tenant
     budgets = fleet.gateway.app.state.admission.budgets
+    acme_rule = BudgetRule(rule["id"], "tenant", "acme", "tokens_total", 1_000_000, 86_400)
 
     async def rolled_up() -> bool:  # every settled record has reached the rollups: none left
-        return bool(budgets.unrolled(rule["id"]) == 0)
+        return bool(budgets.unrolled(acme_rule) == 0)
 
     await until(rolled_up, within_s=5.0)

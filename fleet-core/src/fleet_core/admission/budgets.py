@@ -13,6 +13,12 @@ A rule's usage is two parts:
   last written; the gateway that owns it touches it while it lives, so only a crashed gateway's
   holds expire (after at most ``ttl_s``).
 
+A request admitted while no rule applied to it (a rule created a moment ago, not yet in this
+gateway's catalog) holds nothing, so its usage is invisible to a new rule until the rollups show
+it. The book therefore also counts, per scope, what such **unheld** requests used, from their
+settlement until the rollups show them (the same rule as for settled holds), and adds it to
+``used`` for any rule of that scope.
+
 A request is admitted only if, for every rule that applies, ``used + holds + demand`` stays
 within the limit; the store checks that and places the holds in the same atomic call as the
 token buckets, so concurrent requests on any number of gateways cannot all pass one check.
@@ -34,10 +40,27 @@ from fleet_core.admission.directory import BudgetDimension, BudgetRule
 from fleet_core.admission.limits import Hold, HoldUpdate
 from fleet_core.errors import RateLimited, ReservationTooLarge
 
-__all__ = ["Amounts", "BudgetBook", "BudgetExceeded", "BudgetHold", "book_key", "free_after"]
+__all__ = [
+    "Amounts",
+    "BudgetBook",
+    "BudgetExceeded",
+    "BudgetHold",
+    "Scope",
+    "book_key",
+    "free_after",
+    "scopes_of",
+]
 
 RECENT_LIMIT = 200_000
 """Settled holds tracked until the rollups show them; beyond this the oldest are left to expire."""
+
+Scope = tuple[str, str]
+"""A rule's scope: ("tenant", tenant id) or ("project", "tenant/project")."""
+
+
+def scopes_of(tenant: str, project: str) -> tuple[Scope, Scope]:
+    """The scopes whose rules apply to a request of ``tenant``'s ``project``."""
+    return ("tenant", tenant), ("project", f"{tenant}/{project}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +85,25 @@ class Amounts:
             return self.tokens_input - self.tokens_cached
         return self.units
 
+    def __add__(self, other: Amounts) -> Amounts:
+        return Amounts(
+            self.tokens_input + other.tokens_input,
+            self.tokens_output + other.tokens_output,
+            self.tokens_cached + other.tokens_cached,
+            self.units + other.units,
+        )
+
+    def __sub__(self, other: Amounts) -> Amounts:
+        return Amounts(
+            self.tokens_input - other.tokens_input,
+            self.tokens_output - other.tokens_output,
+            self.tokens_cached - other.tokens_cached,
+            self.units - other.units,
+        )
+
+
+NOTHING = Amounts()
+
 
 @dataclass(frozen=True, slots=True)
 class BudgetHold:
@@ -83,6 +125,15 @@ class _Entry:
     hold: BudgetHold
     amounts: tuple[int, ...]
     settled: bool = False
+    committed_at: float | None = None
+
+
+@dataclass
+class _Unheld:
+    """A request settled without a hold: what it used, against its scopes, until rolled up."""
+
+    scopes: tuple[Scope, ...]
+    used: Amounts
     committed_at: float | None = None
 
 
@@ -122,10 +173,14 @@ class BudgetBook:
     ``ttl_s``: a hold expires this long after it was last written (the owner touches it every
     ``ttl_s / 4``). ``grace_s``: a settled hold is dropped once a refresh that started this long
     after the ledger committed its record has returned (twice the refresh interval: by then every
-    gateway refreshing on schedule has read the record from the rollups).
+    gateway refreshing on schedule has read the record from the rollups). ``ledger``: whether a
+    ledger commits this gateway's records (database mode); only then are unheld requests counted,
+    since only then does anything tell the book when the rollups show them.
     """
 
-    def __init__(self, *, prefix: str = "", ttl_s: float = 60.0, grace_s: float = 2.0) -> None:
+    def __init__(
+        self, *, prefix: str = "", ttl_s: float = 60.0, grace_s: float = 2.0, ledger: bool = False
+    ) -> None:
         self._prefix = prefix
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._grace_s = grace_s
@@ -135,6 +190,10 @@ class BudgetBook:
         self._entries: dict[str, _Entry] = {}
         self._settled: OrderedDict[str, str] = OrderedDict()
         """Request id -> hold id, for holds settled and waiting for the rollups."""
+        self._ledger = ledger
+        self._unheld: OrderedDict[str, _Unheld] = OrderedDict()
+        """Request id -> what an unheld request used, until the rollups show it."""
+        self._unheld_sums: dict[Scope, Amounts] = {}
         self._touched_at = time.monotonic()
         self.wanted = asyncio.Event()
         """Set when a request meets a rule the last refresh did not cover: refresh now."""
@@ -144,9 +203,13 @@ class BudgetBook:
     def ttl_s(self) -> float:
         return self._ttl_ms / 1000
 
-    def usage(self, rule_id: str) -> int:
-        """What the rollups count against a rule (as last read)."""
-        return self._used.get(rule_id, 0)
+    def usage(self, rule: BudgetRule) -> int:
+        """What counts against a rule besides holds: its rollups (as last read) and what unheld
+        requests of its scope used that the rollups may not show yet."""
+        return self._used.get(rule.id, 0) + self._unheld_usage(rule)
+
+    def _unheld_usage(self, rule: BudgetRule) -> int:
+        return self._unheld_sums.get((rule.scope_kind, rule.scope_id), NOTHING).get(rule.dimension)
 
     def knows(self, rules: Sequence[BudgetRule]) -> bool:
         """Whether the last refresh covered every one of ``rules`` (a new rule: not yet)."""
@@ -161,14 +224,14 @@ class BudgetBook:
                     await self._learned.wait()
         return self.knows(rules)
 
-    def unrolled(self, rule_id: str) -> int:
-        """Usage settled here that the rollups may not show yet."""
-        return sum(
+    def unrolled(self, rule: BudgetRule) -> int:
+        """Usage settled here that the rollups may not show yet (held or not)."""
+        return self._unheld_usage(rule) + sum(
             amount
             for entry in self._entries.values()
             if entry.settled
-            for rule, amount in zip(entry.hold.rules, entry.amounts, strict=True)
-            if rule.id == rule_id
+            for held, amount in zip(entry.hold.rules, entry.amounts, strict=True)
+            if held.id == rule.id
         )
 
     def own(self) -> int:
@@ -193,7 +256,7 @@ class BudgetBook:
         amounts = tuple(demand.get(rule.dimension) for rule in rules)
         self._entries[hold.id] = _Entry(hold, amounts)
         asks = [
-            Hold(self._key(rule), hold.id, amount, rule.limit, self.usage(rule.id), self._ttl_ms)
+            Hold(self._key(rule), hold.id, amount, rule.limit, self.usage(rule), self._ttl_ms)
             for rule, amount in zip(rules, amounts, strict=True)
         ]
         return hold, asks
@@ -216,6 +279,25 @@ class BudgetBook:
             self._entries.pop(dropped, None)  # no longer touched: it expires within ttl_s
         return self._puts(entry)
 
+    def settle_unheld(self, scopes: Sequence[Scope], used: Amounts, *, request_id: str) -> None:
+        """Count what a request admitted under no rule used, until the rollups show it."""
+        if not self._ledger or used == NOTHING or request_id in self._unheld:
+            return
+        self._unheld[request_id] = _Unheld(tuple(scopes), used)
+        self._count_unheld(self._unheld[request_id], add=True)
+        while len(self._unheld) > RECENT_LIMIT:
+            _, dropped = self._unheld.popitem(last=False)
+            self._count_unheld(dropped, add=False)
+
+    def _count_unheld(self, entry: _Unheld, *, add: bool) -> None:
+        for scope in entry.scopes:
+            before = self._unheld_sums.get(scope, NOTHING)
+            after = before + entry.used if add else before - entry.used
+            if after == NOTHING:
+                self._unheld_sums.pop(scope, None)
+            else:
+                self._unheld_sums[scope] = after
+
     def committed(self, request_ids: Iterable[str], *, at: float | None = None) -> None:
         """The ledger committed these records (called by the ledger writer)."""
         stamp = time.monotonic() if at is None else at
@@ -223,6 +305,9 @@ class BudgetBook:
             entry = self._entries.get(self._settled.get(request_id, ""))
             if entry is not None and entry.committed_at is None:
                 entry.committed_at = stamp
+            unheld = self._unheld.get(request_id)
+            if unheld is not None and unheld.committed_at is None:
+                unheld.committed_at = stamp
 
     def refreshed(self, used: Mapping[str, int], *, started_at: float) -> list[HoldUpdate]:
         """New rollup sums from a query that started at ``started_at`` (monotonic clock); the
@@ -236,6 +321,7 @@ class BudgetBook:
         self._learned.set()  # wakes whoever waits in `learn`; the next ones wait on a new one
         self._learned = asyncio.Event()
         cutoff = started_at - self._grace_s
+        self._drop_unheld(cutoff)
         done = [
             rid
             for rid, hid in self._settled.items()
@@ -248,6 +334,15 @@ class BudgetBook:
             if entry is not None:
                 drops += [HoldUpdate(self._key(r), entry.hold.id, None) for r in entry.hold.rules]
         return drops
+
+    def _drop_unheld(self, cutoff: float) -> None:
+        rolled = [
+            rid
+            for rid, e in self._unheld.items()
+            if e.committed_at is not None and e.committed_at < cutoff
+        ]
+        for request_id in rolled:
+            self._count_unheld(self._unheld.pop(request_id), add=False)
 
     def touches(self, *, now: float | None = None) -> list[HoldUpdate]:
         """Every own hold written again for another ``ttl_s``, every ``ttl_s / 4``."""

@@ -22,7 +22,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from fleet_core.admission.budgets import Amounts, BudgetBook, BudgetExceeded, BudgetHold
+from fleet_core.admission.budgets import (
+    Amounts,
+    BudgetBook,
+    BudgetExceeded,
+    BudgetHold,
+    scopes_of,
+)
 from fleet_core.admission.directory import BudgetRule, Directory, Rates
 from fleet_core.admission.keys import Principal
 from fleet_core.admission.limits import (
@@ -244,6 +250,10 @@ class Admission:
         """
         if reservation.hold is not None:
             self._queue_holds(self._budgets.settle(reservation.hold, used, request_id=request_id))
+        else:
+            principal = reservation.principal
+            scopes = scopes_of(principal.tenant, principal.project)
+            self._budgets.settle_unheld(scopes, used, request_id=request_id)
         delta = used.tokens_input + used.tokens_output - reservation.tokens
         if delta == 0:
             return

@@ -95,6 +95,7 @@ async def open_database_mode(
             prefix=prefix,
             ttl_s=settings.budget_hold_ttl_s,
             grace_s=2 * settings.budget_refresh_s,
+            ledger=True,
         )
         await read_budgets(pool, lambda used, started: budgets.refreshed(used, started_at=started))
         ledger = LedgerWriter(
@@ -265,7 +266,7 @@ def budget_wait(database: DatabaseMode) -> BudgetWait:
             over_by=excess,
             window_s=rule.window_s,
             now=time.time(),
-            unrolled=database.budgets.unrolled(rule.id),
+            unrolled=database.budgets.unrolled(rule),
         )
 
     return wait
