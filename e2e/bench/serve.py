@@ -23,7 +23,7 @@ import uvloop
 from bench import bare_proxy
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import load_config
-from fleet_core.main import serve_app
+from fleet_core.serving import serve_app
 from fleet_core.settings import from_env
 
 

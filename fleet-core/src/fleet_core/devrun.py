@@ -34,7 +34,7 @@ from pathlib import Path
 
 from fleet_core.auth.tokens import DEV_ADMIN_TOKEN
 from fleet_core.devstack import DevStackError, dev_postgres, dev_redis
-from fleet_core.main import gateway_main
+from fleet_core.gateway.main import gateway_main
 
 __all__ = ["main"]
 
