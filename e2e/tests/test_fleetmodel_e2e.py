@@ -369,3 +369,61 @@ def test_kubectl_apply_brings_the_fleetmodel_to_ready(fleet: Fleet) -> None:
             within=30,
             what="the gateway routes the model",
         )
+
+
+def test_a_chat_completion_through_the_gateway_is_real_generated_text(fleet: Fleet) -> None:
+    with fleet.client() as client:
+        reply = client.chat.completions.create(
+            model=MODEL, messages=PROMPT, max_tokens=24, temperature=0
+        )
+    text = reply.choices[0].message.content or ""
+    assert words(text) >= 3, reply  # words, not template markers
+    assert "<start_of_turn>" not in text
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens > 5
+    assert 1 <= reply.usage.completion_tokens <= 24
+
+
+def test_a_stream_relays_many_frames_and_the_engines_usage(fleet: Fleet) -> None:
+    with fleet.client() as client:
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=PROMPT,
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+    pieces = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    assert len(pieces) >= 5, chunks
+    assert words("".join(pieces)) >= 3
+    usage = chunks[-1].usage
+    assert usage is not None, chunks[-1]
+    assert usage.prompt_tokens > 5
+    assert len(pieces) - 2 <= usage.completion_tokens <= 40
+
+
+def test_the_ledger_holds_the_engines_usage_beside_the_gateways_count(fleet: Fleet) -> None:
+    """Both requests above, each in one ledger row: the engine's usage and the gateway's own
+    count, compared by ``GET /api/v1/usage-agreement`` (docs/e2e.md records the figures)."""
+    rows = eventually(lambda: (r := fleet.ledger()) and len(r) >= 2 and r, what="ledger rows")
+    assert [r["stream"] for r in rows] == [False, True]
+    for row in rows:
+        assert row["outcome"] == "ok", row
+        assert row["tenant"] == "e2e"
+        assert row["engine_prompt_tokens"] > 5
+        assert row["engine_completion_tokens"] >= 1
+        assert row["gw_prompt_tokens"] > 0
+        assert row["gw_completion_tokens"] > 0
+        assert row["endpoint"] == fleet.endpoints()[0]
+    agreement = fleet.admin.call("GET", f"/api/v1/usage-agreement?model={MODEL}")["data"]
+    (figures,) = agreement
+    assert figures["model"] == MODEL
+    assert figures["requests"] == figures["compared"] == len(rows)
+    assert figures["withoutEngineUsage"] == 0
+    print(f"usage agreement: {figures}")
+    for row in rows:
+        print({k: row[k] for k in row if k.startswith(("engine_", "gw_")) or k == "count_method"})
