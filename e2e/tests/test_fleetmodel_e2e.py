@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -340,6 +341,14 @@ def fleet(
             assert kubelet.errors == []
 
 
+def gateway_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=5) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
 def words(text: str) -> int:
     return len(re.findall(r"\b[a-z]{3,}\b", text.lower()))
 
@@ -369,6 +378,8 @@ def test_kubectl_apply_brings_the_fleetmodel_to_ready(fleet: Fleet) -> None:
             within=30,
             what="the gateway routes the model",
         )
+    # and its health check found the engine up (/readyz: some endpoint ready; gemma is the only)
+    eventually(lambda: gateway_ready(fleet.gateway), within=30, what="the gateway ready")
 
 
 def test_a_chat_completion_through_the_gateway_is_real_generated_text(fleet: Fleet) -> None:
@@ -427,3 +438,135 @@ def test_the_ledger_holds_the_engines_usage_beside_the_gateways_count(fleet: Fle
     print(f"usage agreement: {figures}")
     for row in rows:
         print({k: row[k] for k in row if k.startswith(("engine_", "gw_")) or k == "count_method"})
+
+
+def short_chat(fleet: Fleet, client: openai.OpenAI) -> None:
+    client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=2, temperature=0)
+
+
+def endpoints_served(fleet: Fleet, *, since: int = 0) -> set[str]:
+    return {r["endpoint"] for r in fleet.ledger()[since:] if r["outcome"] == "ok"}
+
+
+def test_scaling_to_two_replicas_routes_to_both_without_a_gateway_restart(fleet: Fleet) -> None:
+    gateway = fleet.procs.started["gateway"]
+    fleet.kubectl("apply", "-f", "-", stdin=fleetmodel_yaml(fleet.namespace, 2))
+    fleet.kubectl(
+        "wait", "--for=jsonpath={.status.readyReplicas}=2", "--timeout=180s", f"fm/{FM_NAME}"
+    )
+    fleet.kubectl("wait", "--for=jsonpath={.status.phase}=Ready", "--timeout=60s", f"fm/{FM_NAME}")
+    pods = fleet.pods()
+    urls = sorted(f"http://{p['status']['podIP']}:8080" for p in pods)
+    assert len(set(urls)) == 2
+    eventually(lambda: fleet.endpoints() == urls, what="both endpoints reported")
+    since = len(fleet.ledger())
+    with fleet.client() as client:
+        for _ in range(12):
+            short_chat(fleet, client)
+            if eventually(lambda: len(fleet.ledger()) > since and fleet.ledger()) and set(
+                urls
+            ) <= endpoints_served(fleet, since=since):
+                break
+    assert endpoints_served(fleet, since=since) == set(urls)
+    assert gateway.poll() is None  # the same process all along: no restart
+    assert fleet.procs.started["gateway"] is gateway
+
+
+def processing(fleet: Fleet, pod: dict[str, Any]) -> bool:
+    """Whether the pod's engine is generating (llama-server's own gauge, read with its key)."""
+    request = urllib.request.Request(f"http://{pod['status']['podIP']}:8080/metrics")
+    request.add_header("Authorization", f"Bearer {fleet.engine_key}")
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        metrics = answer.read().decode()
+    found = re.search(r"^llamacpp:requests_processing ([0-9.]+)", metrics, re.MULTILINE)
+    return found is not None and float(found.group(1)) > 0
+
+
+def engine_status(pod: dict[str, Any]) -> dict[str, Any]:
+    (status,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "engine"]
+    return dict(status)
+
+
+def kill_when_streaming(fleet: Fleet, stream: Any, killed: dict[str, Any]) -> None:
+    """Read the stream; after three text frames, SIGKILL the engine generating it."""
+    received = 0
+    for chunk in stream:
+        received += bool(chunk.choices and chunk.choices[0].delta.content)
+        if received == 3 and not killed:
+            (killed["pod"],) = [p for p in fleet.pods() if processing(fleet, p)]
+            name = killed["pod"]["metadata"]["name"]
+            process = fleet.kubelet.process(fleet.namespace, name, "engine")
+            assert process is not None
+            process.kill()
+
+
+def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_frame_and_comes_back(
+    fleet: Fleet,
+) -> None:
+    count_long = [{"role": "user", "content": "Count from one to two hundred in words."}]
+    since = len(fleet.ledger())
+    with fleet.client() as client:
+        stream = client.chat.completions.create(
+            model=MODEL, messages=count_long, max_tokens=300, temperature=0, stream=True
+        )
+        killed: dict[str, Any] = {}
+        with pytest.raises(openai.APIError) as broken:
+            kill_when_streaming(fleet, stream, killed)
+    assert "stream_interrupted" in str(broken.value.body) or "incomplete" in str(broken.value)
+
+    # The interrupted request is recorded once, with what was relayed.
+    def streamed() -> list[dict[str, Any]]:
+        return [r for r in fleet.ledger()[since:] if r["stream"]]
+
+    (row,) = eventually(streamed, what="the ledger row")
+    assert row["outcome"] != "ok"
+    assert row["gw_completion_tokens"] >= 3
+    serving, name = killed["pod"], killed["pod"]["metadata"]["name"]
+    url = f"http://{serving['status']['podIP']}:8080"
+    assert row["endpoint"] == url
+    # The stand-in restarts the engine in the same pod; it is ready and routed to again.
+    restarted = eventually(
+        lambda: [
+            p
+            for p in fleet.pods()
+            if p["metadata"]["name"] == name
+            and engine_status(p)["ready"]
+            and engine_status(p)["restartCount"] == 1
+        ],
+        within=120,
+        what="the engine restarted and ready",
+    )
+    assert restarted[0]["status"]["podIP"] == serving["status"]["podIP"]
+    eventually(
+        lambda: url in fleet.endpoints() and len(fleet.endpoints()) == 2,
+        within=60,
+        what="back in the endpoints",
+    )
+    after = len(fleet.ledger())
+    with fleet.client() as client:
+        for _ in range(12):
+            short_chat(fleet, client)
+            if url in endpoints_served(fleet, since=after):
+                break
+    assert url in endpoints_served(fleet, since=after)
+
+
+def test_deleting_the_fleetmodel_takes_its_endpoints_out_of_routing(fleet: Fleet) -> None:
+    processes = [
+        fleet.kubelet.process(fleet.namespace, p["metadata"]["name"], "engine")
+        for p in fleet.pods()
+    ]
+    fleet.kubectl("delete", "fm", FM_NAME, "--timeout=120s")
+    eventually(
+        lambda: fleet.endpoints() == [] or None, what="endpoints gone from the control plane"
+    )
+    with fleet.client() as client:
+        eventually(
+            lambda: MODEL not in [m.id for m in client.models.list()],
+            within=30,
+            what="the gateway's routing table without the model",
+        )
+        with pytest.raises(openai.NotFoundError):
+            short_chat(fleet, client)
+    eventually(lambda: not fleet.pods(), what="the pods gone")
+    assert all(p is not None and p.poll() is not None for p in processes)
