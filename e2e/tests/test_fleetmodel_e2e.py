@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import openai
 import psycopg
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from psycopg import sql
 
 from fleet_testing import engines, servers
@@ -66,7 +67,9 @@ ENGINE_ARGS = [
 ]
 """The model's own engineArgs: llama.cpp's built-in gemma template (the GGUF carries none, see
 test_llama_server), one thread (ggml's threads spin-wait: on shared cores one is fastest)."""
-PROMPT = [{"role": "user", "content": "Count from one to twenty in words, separated by commas."}]
+PROMPT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Count from one to twenty in words, separated by commas."}
+]
 
 
 def eventually(check: Callable[[], T | None], *, within: float = 60.0, what: str = "") -> T:
@@ -420,7 +423,12 @@ def test_a_stream_relays_many_frames_and_the_engines_usage(fleet: Fleet) -> None
 def test_the_ledger_holds_the_engines_usage_beside_the_gateways_count(fleet: Fleet) -> None:
     """Both requests above, each in one ledger row: the engine's usage and the gateway's own
     count, compared by ``GET /api/v1/usage-agreement`` (docs/e2e.md records the figures)."""
-    rows = eventually(lambda: (r := fleet.ledger()) and len(r) >= 2 and r, what="ledger rows")
+
+    def both() -> list[dict[str, Any]] | None:
+        rows = fleet.ledger()
+        return rows if len(rows) >= 2 else None
+
+    rows = eventually(both, what="ledger rows")
     assert [r["stream"] for r in rows] == [False, True]
     for row in rows:
         assert row["outcome"] == "ok", row
@@ -440,12 +448,30 @@ def test_the_ledger_holds_the_engines_usage_beside_the_gateways_count(fleet: Fle
         print({k: row[k] for k in row if k.startswith(("engine_", "gw_")) or k == "count_method"})
 
 
-def short_chat(fleet: Fleet, client: openai.OpenAI) -> None:
+def short_chat(client: openai.OpenAI) -> None:
     client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=2, temperature=0)
 
 
-def endpoints_served(fleet: Fleet, *, since: int = 0) -> set[str]:
-    return {r["endpoint"] for r in fleet.ledger()[since:] if r["outcome"] == "ok"}
+def route_until_served(fleet: Fleet, wanted: set[str], *, tries: int = 12) -> set[str]:
+    """Send short chats (at most ``tries``) until every URL of ``wanted`` has answered one, by
+    the ledger's ``endpoint`` column; the endpoints that answered."""
+    since = len(fleet.ledger())
+
+    def served() -> set[str]:
+        return {str(r["endpoint"]) for r in fleet.ledger()[since:] if r["outcome"] == "ok"}
+
+    with fleet.client() as client:
+        for _ in range(tries):
+            short_chat(client)
+            if wanted <= served():
+                break
+
+    # the ledger writer batches: the last rows may land a moment later
+    def all_served() -> set[str] | None:
+        found = served()
+        return found if found >= wanted else None
+
+    return eventually(all_served, within=10, what=f"{sorted(wanted)} served")
 
 
 def test_scaling_to_two_replicas_routes_to_both_without_a_gateway_restart(fleet: Fleet) -> None:
@@ -459,15 +485,7 @@ def test_scaling_to_two_replicas_routes_to_both_without_a_gateway_restart(fleet:
     urls = sorted(f"http://{p['status']['podIP']}:8080" for p in pods)
     assert len(set(urls)) == 2
     eventually(lambda: fleet.endpoints() == urls, what="both endpoints reported")
-    since = len(fleet.ledger())
-    with fleet.client() as client:
-        for _ in range(12):
-            short_chat(fleet, client)
-            if eventually(lambda: len(fleet.ledger()) > since and fleet.ledger()) and set(
-                urls
-            ) <= endpoints_served(fleet, since=since):
-                break
-    assert endpoints_served(fleet, since=since) == set(urls)
+    assert route_until_served(fleet, set(urls)) == set(urls)
     assert gateway.poll() is None  # the same process all along: no restart
     assert fleet.procs.started["gateway"] is gateway
 
@@ -503,7 +521,9 @@ def kill_when_streaming(fleet: Fleet, stream: Any, killed: dict[str, Any]) -> No
 def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_frame_and_comes_back(
     fleet: Fleet,
 ) -> None:
-    count_long = [{"role": "user", "content": "Count from one to two hundred in words."}]
+    count_long: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Count from one to two hundred in words."}
+    ]
     since = len(fleet.ledger())
     with fleet.client() as client:
         stream = client.chat.completions.create(
@@ -524,6 +544,19 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_frame_and_com
     serving, name = killed["pod"], killed["pod"]["metadata"]["name"]
     url = f"http://{serving['status']['podIP']}:8080"
     assert row["endpoint"] == url
+    print(
+        {
+            k: row[k]
+            for k in (
+                "outcome",
+                "status",
+                "engine_completion_tokens",
+                "gw_prompt_tokens",
+                "gw_completion_tokens",
+                "completion_tokens",
+            )
+        }
+    )
     # The stand-in restarts the engine in the same pod; it is ready and routed to again.
     restarted = eventually(
         lambda: [
@@ -542,13 +575,7 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_frame_and_com
         within=60,
         what="back in the endpoints",
     )
-    after = len(fleet.ledger())
-    with fleet.client() as client:
-        for _ in range(12):
-            short_chat(fleet, client)
-            if url in endpoints_served(fleet, since=after):
-                break
-    assert url in endpoints_served(fleet, since=after)
+    assert url in route_until_served(fleet, {url})
 
 
 def test_deleting_the_fleetmodel_takes_its_endpoints_out_of_routing(fleet: Fleet) -> None:
@@ -567,6 +594,6 @@ def test_deleting_the_fleetmodel_takes_its_endpoints_out_of_routing(fleet: Fleet
             what="the gateway's routing table without the model",
         )
         with pytest.raises(openai.NotFoundError):
-            short_chat(fleet, client)
+            short_chat(client)
     eventually(lambda: not fleet.pods(), what="the pods gone")
     assert all(p is not None and p.poll() is not None for p in processes)
