@@ -90,9 +90,11 @@ notice: $(STAMP)
 llama-server:
 	PYTHON=$(PYTHON) e2e/engine/build-llama-server.sh
 
-# Tests marked e2e (pyproject's addopts leave them out of `make test` and plain pytest): a real llama-server on a real GGUF, built and
-# fetched into the per-user cache first (both steps return at once when cached).
-e2e: $(STAMP) llama-server
+# Tests marked e2e (pyproject's addopts leave them out of `make test` and plain pytest): a real
+# llama-server on a real GGUF, built and fetched into the per-user cache first (both steps return
+# at once when cached), and the whole system from `kubectl apply` on the real Kubernetes control
+# plane (make kube) with the kubelet stand-in, which needs root (docs/e2e.md).
+e2e: $(STAMP) llama-server kube
 	PYTHON=$(PYTHON) e2e/engine/fetch-gemma.sh
 	$(BIN)/pytest -m e2e
 

@@ -218,6 +218,7 @@ def start_control_plane(procs: Processes, database_url: str, admin_token: str, s
 
 def import_model(admin: Api, gguf: Path) -> None:
     """``fleet models import`` as a user without hub access: hashes, uploads, parses."""
+    started = time.monotonic()
     argv = [str(BIN / "fleet"), "--api", admin.url, "models", "import", str(gguf), "--id", MODEL]
     done = subprocess.run(
         argv,
@@ -228,6 +229,7 @@ def import_model(admin: Api, gguf: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    print(f"fleet models import: {time.monotonic() - started:.1f} s")
     assert admin.call("GET", f"/api/v1/models/{MODEL}")["status"] == "Ready"
 
 
