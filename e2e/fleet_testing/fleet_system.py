@@ -12,24 +12,41 @@ plane's API as an administrator would. Nothing of fleet-core is imported (P7 hol
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["Api", "Processes", "free_port", "wait_http"]
+import openai
+import psycopg
+from psycopg import sql
+
+from fleet_testing import servers
+from fleet_testing.fix_kube import KubeCluster
+from fleet_testing.kubelet import Image, Kubelet, running_kubelet
+
+__all__ = ["FM_NAME", "MODEL", "Api", "Fleet", "Processes", "eventually", "running_fleet"]
 
 BIN = Path(sys.executable).parent
+MODEL = "gemma-3-270m"
+"""The registry id and served name of the model."""
+FM_NAME = "gemma"
+"""The FleetModel's name (its Service's too)."""
+CRD = Path(__file__).resolve().parents[2] / "deploy" / "base" / "crd.yaml"
+KUBECTL = shutil.which("kubectl") or "kubectl"
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -147,3 +164,256 @@ def processes(logs: Path) -> Iterator[Processes]:
 
 def random_token() -> str:
     return secrets.token_hex(32)
+
+
+def eventually(check: Callable[[], T | None], *, within: float = 60.0, what: str = "") -> T:
+    deadline = time.monotonic() + within
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within:g} s: {what}")
+        time.sleep(0.2)
+
+
+@dataclass
+class Fleet:
+    """A running system, and what a test reads from it (kubectl, the API, the ledger, logs)."""
+
+    cluster: KubeCluster
+    namespace: str
+    kubelet: Kubelet
+    procs: Processes
+    admin: Api
+    database_url: str
+    gateway: str
+    api_key: str
+    engine_key: str
+    kubeconfig: Path
+    workdir: Path
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        argv = [
+            KUBECTL,
+            f"--kubeconfig={self.kubeconfig}",
+            f"--namespace={self.namespace}",
+            f"--cache-dir={self.workdir / 'kubectl-cache'}",
+            *args,
+        ]
+        done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.gateway}/v1", api_key=self.api_key, max_retries=0, timeout=120
+        )
+
+    def fleetmodel(self) -> dict[str, Any] | None:
+        path = f"/apis/serving.fleet.dev/v1alpha1/namespaces/{self.namespace}/fleetmodels/{FM_NAME}"
+        return self.cluster.get(path)
+
+    def pods(self) -> list[dict[str, Any]]:
+        selector = f"labelSelector=serving.fleet.dev/model={FM_NAME}"
+        path = f"/api/v1/namespaces/{self.namespace}/pods?{selector}"
+        items = self.cluster.request("GET", path)["items"]
+        return sorted(items, key=lambda p: str(p["metadata"]["name"]))
+
+    def endpoints(self) -> list[str]:
+        """The ready URLs the control plane gives the gateway for the model."""
+        document = self.admin.call("GET", "/api/v1/endpoints")
+        return sorted(
+            e["url"]
+            for m in document["models"]
+            if m["servedModelName"] == MODEL
+            for e in m["endpoints"]
+            if e["ready"]
+        )
+
+    def ledger(self) -> list[dict[str, Any]]:
+        with psycopg.connect(self.database_url, row_factory=psycopg.rows.dict_row) as conn:
+            return conn.execute(
+                "SELECT * FROM ledger WHERE served_model = %s ORDER BY received_at", (MODEL,)
+            ).fetchall()
+
+    def logs(self) -> str:
+        parts = [f"--- {name} ---\n{self.procs.log(name)[-4000:]}" for name in self.procs.started]
+        for pod in self.pods():
+            for container in ("fetch-weights", "engine"):
+                text = self.kubelet.log_of(self.namespace, pod["metadata"]["name"], container)
+                parts.append(f"--- {pod['metadata']['name']}/{container} ---\n{text[-3000:]}")
+        return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def database(server: servers.Server) -> Iterator[str]:
+    name = f"fleet_t_{random_token()[:12]}"
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield servers.with_database(server.url, name)
+    finally:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            conn.execute(drop.format(sql.Identifier(name)))
+
+
+@contextlib.contextmanager
+def namespace(cluster: KubeCluster) -> Iterator[str]:
+    name = f"e2e-{random_token()[:8]}"
+    cluster.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    eventually(lambda: cluster.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"))
+    try:
+        yield name
+    finally:
+        path = f"/apis/serving.fleet.dev/v1alpha1/namespaces/{name}/fleetmodels"
+        with contextlib.suppress(Exception):
+            for fm in cluster.request("GET", path)["items"]:  # the operator is gone by now
+                cluster.patch(
+                    f"{path}/{fm['metadata']['name']}", {"metadata": {"finalizers": None}}
+                )
+        cluster.delete(f"/api/v1/namespaces/{name}")
+
+
+def secret(cluster: KubeCluster, namespace: str, name: str, key: str, value: str) -> None:
+    body = {"metadata": {"name": name}, "data": {key: base64.b64encode(value.encode()).decode()}}
+    cluster.create(f"/api/v1/namespaces/{namespace}/secrets", body)
+
+
+def start_control_plane(procs: Processes, database_url: str, admin_token: str, store: Path) -> Api:
+    port = free_port()
+    env = clean_env(
+        FLEET_DATABASE_URL=database_url, FLEET_MODELS_DIR=str(store), FLEET_ADMIN_TOKEN=admin_token
+    )
+    argv = [sys.executable, "-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{port}"]
+    process = procs.start("apiserver", argv, env)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/readyz", process, what="fleet-apiserver")
+    return Api(url, admin_token)
+
+
+def import_model(admin: Api, gguf: Path) -> None:
+    """``fleet models import`` as a user without hub access: hashes, uploads, parses."""
+    started = time.monotonic()
+    argv = [str(BIN / "fleet"), "--api", admin.url, "models", "import", str(gguf), "--id", MODEL]
+    done = subprocess.run(
+        argv,
+        env=clean_env(FLEET_TOKEN=admin.token),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    print(f"fleet models import: {time.monotonic() - started:.1f} s")
+    assert admin.call("GET", f"/api/v1/models/{MODEL}")["status"] == "Ready"
+
+
+def start_operator(
+    procs: Processes, admin: Api, kubeconfig: Path, namespace: str, workdir: Path
+) -> None:
+    token = token_file(workdir, "operator-token", admin.credential("operator", clusterId="e2e"))
+    liveness = f"http://127.0.0.1:{free_port()}/healthz"
+    argv = [
+        str(BIN / "fleet-serving"),
+        "run",
+        f"--report-to={admin.url}",
+        "--cluster=e2e",
+        f"--report-token-file={token}",
+        f"--namespace={namespace}",
+        f"--liveness={liveness}",
+        "--log-format=plain",
+        "--resync=10s",
+    ]
+    process = procs.start("operator", argv, clean_env(KUBECONFIG=str(kubeconfig)))
+    wait_http(liveness, process, what="fleet-serving run")
+
+
+def start_gateway(
+    procs: Processes,
+    admin: Api,
+    database_url: str,
+    redis_url: str,
+    engine_key_file: Path,
+    workdir: Path,
+) -> str:
+    port = free_port()
+    env = clean_env(
+        FLEET_DATABASE_URL=database_url,
+        FLEET_REDIS_URL=redis_url,
+        FLEET_REDIS_PREFIX=f"e2e-{random_token()[:8]}:",
+        FLEET_CONTROL_PLANE_URL=admin.url,
+        FLEET_CONTROL_PLANE_TOKEN=admin.credential("gateway"),
+        FLEET_ENGINE_KEY_FILE=str(engine_key_file),
+        FLEET_LEDGER_SPOOL=str(workdir / "ledger-spool.jsonl"),
+        FLEET_ACCESS_LOG="false",
+    )
+    argv = [str(BIN / "fleet-gateway"), "--listen", f"127.0.0.1:{port}"]
+    process = procs.start("gateway", argv, env)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/health", process, what="fleet-gateway")
+    return url
+
+
+@contextlib.contextmanager
+def running_fleet(
+    cluster: KubeCluster,
+    postgres: servers.Server,
+    redis_url: str,
+    workdir: Path,
+    *,
+    images: dict[str, Image],
+    gguf: Path,
+) -> Iterator[Fleet]:
+    """Everything of Fleet running against ``cluster``, ``gguf`` imported as :data:`MODEL`, in a
+    namespace of its own watched by the operator; all stopped (and printed logs) at the end."""
+    with contextlib.ExitStack() as stack:
+        database_url = stack.enter_context(database(postgres))
+        ns = stack.enter_context(namespace(cluster))
+        apply_crd(cluster)
+        kubelet = stack.enter_context(
+            running_kubelet(cluster, [ns], images=images, workdir=workdir / "kubelet")
+        )
+        procs = stack.enter_context(processes(workdir))
+        admin = start_control_plane(procs, database_url, random_token(), workdir / "objects")
+        import_model(admin, gguf)
+        engine_key = random_token()
+        secret(cluster, ns, "fleet-engine-key", "api-key", engine_key)
+        secret(cluster, ns, "fleet-engine-token", "token", admin.credential("engine"))
+        start_operator(procs, admin, cluster.kubeconfig, ns, workdir)
+        key_file = token_file(workdir, "engine-key", engine_key)
+        gateway = start_gateway(procs, admin, database_url, redis_url, key_file, workdir)
+        fleet = Fleet(
+            cluster,
+            ns,
+            kubelet,
+            procs,
+            admin,
+            database_url,
+            gateway,
+            admin.api_key("e2e"),
+            engine_key,
+            cluster.kubeconfig,
+            workdir,
+        )
+        try:
+            yield fleet
+        finally:
+            print(fleet.logs())  # pytest shows it when a test failed
+        assert kubelet.errors == []
+
+
+def apply_crd(cluster: KubeCluster) -> None:
+    """The FleetModel CRD as shipped, applied by kubectl with server-side validation."""
+    base = [KUBECTL, f"--kubeconfig={cluster.kubeconfig}"]
+    subprocess.run(
+        [*base, "apply", "--server-side", "-f", str(CRD)], check=True, capture_output=True
+    )
+    established = [
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        "crd/fleetmodels.serving.fleet.dev",
+    ]
+    subprocess.run([*base, *established], check=True, capture_output=True)
