@@ -238,11 +238,11 @@ class Fleet:
             ).fetchall()
 
     def logs(self) -> str:
+        """The tail of every process's log: the services', and each container's of each pod."""
         parts = [f"--- {name} ---\n{self.procs.log(name)[-4000:]}" for name in self.procs.started]
-        for pod in self.pods():
-            for container in ("fetch-weights", "engine"):
-                text = self.kubelet.log_of(self.namespace, pod["metadata"]["name"], container)
-                parts.append(f"--- {pod['metadata']['name']}/{container} ---\n{text[-3000:]}")
+        for log in sorted((self.kubelet.workdir / self.namespace).glob("*/logs/*.log")):
+            text = log.read_text(errors="replace")[-3000:]
+            parts.append(f"--- {log.parent.parent.name}/{log.stem} ---\n{text}")
         return "\n".join(parts)
 
 

@@ -18,6 +18,7 @@ import re
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -110,6 +111,18 @@ def test_kubectl_apply_brings_the_fleetmodel_to_ready(fleet: Fleet) -> None:
     assert engine["args"][:2] == ["--model", "/models/gemma-3-270m-q4_k_m.gguf"]
     assert engine["args"][-len(ENGINE_ARGS) :] == ENGINE_ARGS
     ip = pod["status"]["podIP"]
+    # The process: the operator's args with /models and 0.0.0.0 mapped to the pod's own directory
+    # and address, the key from the Secret in its environment and never in its argv.
+    process = fleet.kubelet.process(fleet.namespace, pod["metadata"]["name"], "engine")
+    assert process is not None
+    argv = Path(f"/proc/{process.pid}/cmdline").read_bytes().split(b"\0")
+    model = Path(argv[argv.index(b"--model") + 1].decode())
+    assert model.name == "gemma-3-270m-q4_k_m.gguf"
+    assert model.stat().st_size > 200_000_000
+    assert argv[argv.index(b"--host") + 1].decode() == ip
+    assert fleet.engine_key.encode() not in b" ".join(argv)
+    environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+    assert f"LLAMA_API_KEY={fleet.engine_key}".encode() in environ
     eventually(lambda: fleet.endpoints() == [f"http://{ip}:8080"], what="the endpoint reported")
     with fleet.client() as client:  # the gateway discovered it (polls every second)
         eventually(

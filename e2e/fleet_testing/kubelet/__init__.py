@@ -148,10 +148,6 @@ class Kubelet:
                     return runner.process(container)
         raise KeyError(f"{namespace}/{pod} does not run here")
 
-    def log_of(self, namespace: str, pod: str, container: str) -> str:
-        path = self.workdir / namespace / pod / "logs" / f"{container}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
     # -- the loop ----------------------------------------------------------------------------
 
     def _loop(self) -> None:

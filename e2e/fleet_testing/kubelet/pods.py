@@ -127,7 +127,7 @@ class PodRunner:
             c.done = self._terminated(c, code, "Completed")
             c.process = None
             return
-        c.last = self._terminated(c, code, "Error" if code > 0 else "Killed")
+        c.last = self._terminated(c, code, "Error")  # a signal too: exit code 128 + signal
         self._crashed(c)
 
     def _crashed(self, c: Container) -> None:
