@@ -179,13 +179,10 @@ def test_the_ledger_holds_the_engines_usage_beside_the_gateways_count(fleet: Fle
 
     rows = eventually(both, what="ledger rows")
     assert [r["stream"] for r in rows] == [False, True]
-    assert rows[0]["outcome"] == "ok", rows[0]
-    # The SDK closes the connection on reading [DONE]; when the engine's end of the response
-    # comes after that, the gateway labels the complete stream client_disconnected (a gateway
-    # race this test found, docs/e2e.md). The usage is whole either way.
-    assert rows[1]["outcome"] in ("ok", "client_disconnected"), rows[1]
     for row in rows:
-        assert row["status"] in (200, 499)
+        # ok for the stream too, though the SDK closes on [DONE], maybe before the engine's EOF
+        # (recorded as client_disconnected until this test found it; test_money_regressions.py)
+        assert (row["status"], row["outcome"]) == (200, "ok"), row
         assert row["tenant"] == "e2e"
         assert row["engine_prompt_tokens"] > 5
         assert row["engine_completion_tokens"] >= 1

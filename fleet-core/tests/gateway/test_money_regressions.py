@@ -159,6 +159,29 @@ async def test_usage_is_read_after_the_client_leaves_past_finish_reason(rig: Rig
     assert (record.engine.prompt_tokens, record.engine.completion_tokens) == (7, 40)
 
 
+async def test_a_client_leaving_on_done_before_the_engine_ends_is_ok(rig: Rig) -> None:
+    """The OpenAI SDK closes its connection on ``data: [DONE]``. When the engine's end of the
+    response came later (llama-server on a loaded machine, issue 17's e2e test), the gateway was
+    still waiting for it, saw the client leave and recorded the complete stream as
+    client_disconnected (499)."""
+    rig.engine.then([sse(), *chat_frames(["ok"]), usage_frame(7, 2), frame("[DONE]"), 1.0, END])
+    async with (
+        httpx.AsyncClient() as http,
+        http.stream(
+            "POST",
+            f"{rig.gw.url}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True},
+        ) as response,
+    ):
+        async for line in response.aiter_lines():
+            if line.strip() == "data: [DONE]":
+                break  # as the SDK does
+    [record] = await rig.books.check(admitted=1)
+    assert (record.status, record.outcome) == (200, "ok")
+    assert record.engine is not None
+    assert (record.engine.prompt_tokens, record.engine.completion_tokens) == (7, 2)
+
+
 async def test_the_gateway_counts_tool_calls_and_reasoning(rig: Rig) -> None:
     """Without a usage frame the count ignored tool-call arguments and reasoning text."""
     arguments = '{"city": "Reykjavik", "units": "metric", "days": 10}'

@@ -40,6 +40,10 @@ class StreamMeter:
     usage: Usage | None = None
     broken: str | None = None
     finished: bool = False
+    """The engine ended its response (EOF)."""
+    done: bool = False
+    """The engine sent ``data: [DONE]``: the stream is complete for the client, which may leave
+    (the OpenAI SDK closes on it) before the engine's EOF."""
     ended_choices: int = 0
 
     @property
@@ -49,6 +53,8 @@ class StreamMeter:
     def take(self, frame: bytes) -> bytes | None:
         """The frame to send on (possibly rewritten), or None to drop it."""
         payload = _data(frame)
+        if payload == b"[DONE]":
+            self.done = True
         if payload is None or payload == b"[DONE]":
             return frame
         try:

@@ -265,11 +265,14 @@ class GatewayService:
         request = exchange.request
         meter = StreamMeter(strip_usage=not request.wants_usage, choices=request.choices)
         exchange.relay = Relay(exchange.opened.response, meter)
+        status = exchange.opened.response.status
         async for frame in exchange.relay.frames():
             if exchange.first_byte_at is None:
                 exchange.first_byte_at = time.time()
             yield frame
-        exchange.note(exchange.opened.response.status, "upstream_error" if meter.broken else "ok")
+            if meter.done and not meter.broken:
+                exchange.note(status, "ok")  # [DONE] delivered: a client leaving now left nothing
+        exchange.note(status, "upstream_error" if meter.broken else "ok")
 
     async def _close(self, exchange: Exchange) -> None:
         """Give the engine connection back; first, if the client left after the last choice
