@@ -19,7 +19,13 @@ from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from fleet_core.admission.limits import Bucket, Charge, LimitStore, StoreUnavailable
-from fleet_core.admission.store import MemoryStore, RedisStore, open_redis_store
+from fleet_core.admission.store import (
+    SETTLED_TTL_S,
+    MemoryStore,
+    RedisStore,
+    open_redis_store,
+    settled_key,
+)
 from fleet_testing.fix_redis_process import RedisProcess
 
 from .conftest import TEST_TIMEOUT_S, BucketFactory, FakeClock
@@ -281,9 +287,29 @@ async def test_redis_scripts_touch_only_the_keys_they_are_given(
     # The caller's contract for Redis Cluster: one request's keys share a hash slot.
     assert key_slot(tpm.key.encode()) == key_slot(rpm.key.encode())
     assert await take(own_store, (tpm, 100), (rpm, 1))
-    await own_store.settle([Charge(tpm, -40), Charge(rpm, 0)])
+    await own_store.settle([Charge(tpm, -40), Charge(rpm, 0)], "b1")
     assert not await take(own_store, (tpm, 6000), (rpm, 61))
-    assert set(await own_client.keys("*")) == {tpm.key.encode(), rpm.key.encode()}
+    marker = settled_key(tpm.key, "b1")  # the batch's applied-once marker, in the same slot
+    assert key_slot(marker.encode()) == key_slot(tpm.key.encode())
+    assert set(await own_client.keys("*")) == {tpm.key.encode(), rpm.key.encode(), marker.encode()}
+    assert SETTLED_TTL_S - 5 < await own_client.ttl(marker) <= SETTLED_TTL_S
+
+
+async def test_redis_applies_a_settlement_sent_twice_under_one_id_once(
+    own_store: RedisStore, own_client: Redis, make_bucket: BucketFactory
+) -> None:
+    """Issue 13: a batch whose reply was lost may have run; its retry (same id) must not count."""
+    refunded, overrun = make_bucket("refunded", 6000), make_bucket("overrun", 6000)
+    assert await take(own_store, (refunded, 3000), (overrun, 100))
+    batch = [Charge(refunded, -1000), Charge(overrun, 50)]
+    await own_store.settle(batch, "lost-reply")
+    await own_store.settle(batch, "lost-reply")  # the retry after a reply that never came
+    levels = [float(await own_client.hget(b.key, "level") or "nan") for b in (refunded, overrun)]
+    # 6000 - 3000 + 1000 and 6000 - 100 - 50, plus at most a moment's refill (100/s).
+    assert 4000 <= levels[0] < 4000 + 100 * TOLERANCE_S
+    assert 5850 <= levels[1] < 5850 + 100 * TOLERANCE_S
+    await own_store.settle(batch, "another")  # a different batch is applied
+    assert float(await own_client.hget(refunded.key, "level") or "nan") >= 5000
 
 
 async def test_redis_down_fails_fast_and_the_store_recovers_when_it_is_back(

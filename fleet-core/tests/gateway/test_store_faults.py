@@ -4,10 +4,9 @@ The gateway reaches Redis through the TCP proxy fixture; the books (`money.Books
 directly. A streaming chat is admitted while Redis is up, the proxy cuts Redis mid-stream, the
 stream finishes (its settlement meets a dead Redis), and the proxy resumes.
 
-Today the settlement made while Redis was down is lost (logged and counted in
-``fleet_rate_limiter_store_errors_total``): the record, the gauge and the status are exact, but
-the tpm bucket keeps the whole reservation until it refills (at most a minute); an overrun
-(used > reserved) would never be charged. The exact books are asserted, as expected to fail.
+The settlement made while Redis was down fails (logged and counted in
+``fleet_rate_limiter_store_errors_total``), is kept, and is sent again with backoff once Redis is
+back (issue 13), under the same batch id so that it is applied once: the books come out exact.
 """
 
 from __future__ import annotations
@@ -74,15 +73,9 @@ async def test_redis_cut_mid_stream_records_once_and_the_gateway_recovers(cut: C
     assert 500 not in cut.rig.books.statuses
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 13: a settlement that meets a dead Redis is dropped (Admission._settle logs "
-    "'could not settle reservations' and forgets it), so the tpm bucket keeps the whole "
-    "reservation instead of what the record bills; a retry is unsafe until settle.lua is "
-    "idempotent (a script call whose reply was lost may have run)",
-)
 async def test_redis_cut_mid_stream_then_resumed_keeps_the_books_exact(cut: Cut) -> None:
+    """Issue 13: the settlement that met a dead Redis is kept and sent again once Redis is back,
+    so the tpm bucket comes back to capacity minus what the record bills."""
     await cut.rig.books.check(admitted=1)
 
 

@@ -111,8 +111,11 @@ class LimitStore(Protocol):
 
         Budget holds are judged first: a refusal names the first hold that does not fit."""
 
-    async def settle(self, charges: Sequence[Charge]) -> None:
-        """Apply signed corrections (refunds capped at capacity); one round trip."""
+    async def settle(self, charges: Sequence[Charge], batch_id: str | None = None) -> None:
+        """Apply signed corrections (refunds capped at capacity); one round trip.
+
+        Charges of one call share one hash tag. A store that can lose a reply applies a batch
+        sent again under the same ``batch_id`` only once (so a failed call can be retried)."""
 
     async def update_holds(self, updates: Sequence[HoldUpdate]) -> None:
         """Apply hold updates (settle, touch, drop); one round trip per tenant's hash tag."""

@@ -9,6 +9,11 @@ Settlement runs in the background so it never delays a response; settlements clo
 share one store call per tenant, and shutdown (`Admission.drain`) waits for every one still
 waiting or on its way.
 
+A settlement batch that meets a dead store is kept (at most `UNSETTLED_CAP` batches, the oldest
+dropped and counted beyond that) and sent again with backoff until the store answers. Each batch
+carries an id the store applies once, so a batch whose reply was lost (it may have run) is never
+applied twice (`store.RedisStore.settle`, ADR 0003).
+
 A reservation whose waiter is cancelled (the client left, or shutdown) while its store call is on
 the wire is given back by the store when the answer arrives (`store.BatchingStore`); its budget
 holds are dropped here.
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -51,6 +58,14 @@ LEARN_TIMEOUT_S = 5.0
 """How long a request waits for the first figures of a rule it is subject to (a new rule)."""
 SETTLE_WINDOW_S = 0.002
 """How long a settlement waits for others to share its round trip."""
+SETTLE_RETRY_FIRST_S = 0.5
+"""The wait before a failed settlement batch is first sent again; it doubles on each failure."""
+SETTLE_RETRY_MAX_S = 10.0
+"""The longest wait between two sends of failed settlement batches."""
+UNSETTLED_CAP = 10_000
+"""The most failed settlement batches kept for retry; beyond it the oldest is dropped."""
+DRAIN_RETRY_S = 2.0
+"""How long shutdown spends sending failed settlement batches once more."""
 
 
 BudgetWait = Callable[[BudgetRule, int], Awaitable[float | None]]
@@ -61,6 +76,16 @@ class AdmissionMetrics(Protocol):
     def refused(self, *, tenant: str, project: str, level: str, dimension: str) -> None: ...
 
     def store_error(self) -> None: ...
+
+    def settlement_dropped(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One settlement store call: its id (the store applies it once) and its corrections."""
+
+    id: str
+    charges: list[Charge]
 
 
 @dataclass(frozen=True)
@@ -95,6 +120,9 @@ class Admission:
         self._flusher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         """Settlements under way: drain awaits them."""
+        self._unsettled: deque[_Batch] = deque()
+        """Settlement batches the store failed to take, oldest first, waiting for a retry."""
+        self._retrier: asyncio.Task[None] | None = None
         self._budget_wait = budget_wait
 
     @property
@@ -307,20 +335,77 @@ class Admission:
             log.warning("could not update budget holds (they expire on their own): %s", exc)
 
     async def _settle(self, fixes: list[Charge]) -> None:
+        batch = _Batch(uuid.uuid4().hex, fixes)
+        if not await self._send(batch):
+            self._keep(batch)
+
+    async def _send(self, batch: _Batch) -> bool:
+        """Send one batch (again, if it failed before: under the same id); whether it landed."""
         try:
-            await self._store.settle(fixes)
+            await self._store.settle(batch.charges, batch.id)
         except StoreUnavailable as exc:
             self._metrics.store_error()
-            log.warning("could not settle reservations: %s", exc)
+            log.warning("could not settle reservations (kept for a retry): %s", exc)
+            return False
+        return True
+
+    def _keep(self, batch: _Batch) -> None:
+        if len(self._unsettled) >= UNSETTLED_CAP:
+            self._unsettled.popleft()
+            self._metrics.settlement_dropped()
+            log.error("dropped a settlement: %d batches already wait for the store", UNSETTLED_CAP)
+        self._unsettled.append(batch)
+        if self._retrier is None:
+            self._retrier = asyncio.get_running_loop().create_task(self._retry())
+
+    async def _retry(self) -> None:
+        """Send the kept batches again, waiting 0.5 s doubling to 10 s, until the store answers."""
+        delay = SETTLE_RETRY_FIRST_S
+        try:
+            while self._unsettled:
+                await asyncio.sleep(delay)
+                landed = await self._resend()
+                delay = SETTLE_RETRY_FIRST_S if landed else min(2 * delay, SETTLE_RETRY_MAX_S)
+        finally:
+            self._retrier = None
+
+    async def _resend(self) -> bool:
+        """Send the kept batches oldest first; False at the first that fails again."""
+        while self._unsettled:
+            batch = self._unsettled[0]
+            if not await self._send(batch):
+                return False
+            if batch in self._unsettled:  # the cap may have dropped it meanwhile
+                self._unsettled.remove(batch)
+        return True
 
     async def drain(self) -> None:
         """Send every settlement still waiting, and wait for those on their way (at shutdown,
-        before the store's client closes). A store call under way may settle more: loop."""
+        before the store's client closes). A store call under way may settle more: loop.
+        Batches kept after a failure are sent once more, for at most ``DRAIN_RETRY_S``."""
         while self._tasks or self._pending or self._pending_holds:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             else:
                 await self._flush()
+        await self._drain_unsettled()
+
+    async def _drain_unsettled(self) -> None:
+        if self._retrier is not None:
+            self._retrier.cancel()
+            await asyncio.gather(self._retrier, return_exceptions=True)
+        if not self._unsettled:
+            return
+        try:
+            async with asyncio.timeout(DRAIN_RETRY_S):
+                await self._resend()
+        except TimeoutError:
+            pass
+        for _ in self._unsettled:
+            self._metrics.settlement_dropped()
+        if self._unsettled:
+            log.error("shutting down with %d settlement batches unsent", len(self._unsettled))
+        self._unsettled.clear()
 
 
 def _window(seconds: int) -> str:

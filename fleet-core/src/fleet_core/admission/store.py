@@ -18,6 +18,7 @@ import contextlib
 import importlib.resources
 import math
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +39,14 @@ from fleet_core.admission.limits import (
     hash_tag,
 )
 
-__all__ = ["BatchingStore", "MemoryStore", "RedisStore", "expiry_key", "open_redis_store"]
+__all__ = [
+    "BatchingStore",
+    "MemoryStore",
+    "RedisStore",
+    "expiry_key",
+    "open_redis_store",
+    "settled_key",
+]
 
 SWEEP_INTERVAL_S = 60.0
 """How often `MemoryStore` forgets expired buckets (a scan of all of them)."""
@@ -46,6 +54,8 @@ NEVER_MS = -1
 """The admit script's retry_ms for an amount that can never fit."""
 HOLD_REFUSED = 2
 """The admit script's verdict when a budget hold does not fit."""
+SETTLED_TTL_S = 600
+"""How long settle.lua remembers a batch it applied: longer than `Admission` retries one."""
 Ask = tuple[Sequence[Charge], Sequence[Hold]]
 """One reservation: its bucket charges and its budget holds."""
 
@@ -53,6 +63,11 @@ Ask = tuple[Sequence[Charge], Sequence[Hold]]
 def expiry_key(book: str) -> str:
     """The sorted set of a hold book's expiries (same hash tag as the book)."""
     return f"{book}:expiry"
+
+
+def settled_key(bucket: str, batch_id: str) -> str:
+    """settle.lua's marker that batch ``batch_id`` was applied (same hash tag as ``bucket``)."""
+    return f"{bucket}:settled:{batch_id}"
 
 
 @dataclass
@@ -122,7 +137,8 @@ class MemoryStore:
     def _book(self, key: str) -> _Book:
         return self._books.setdefault(key, _Book({}))
 
-    async def settle(self, charges: Sequence[Charge]) -> None:
+    async def settle(self, charges: Sequence[Charge], batch_id: str | None = None) -> None:
+        """Apply ``charges``; ``batch_id`` is ignored: a call here never loses its reply."""
         now = self._now()
         for charge in _merged(charges):
             self._write(charge, self._level(charge, now), now)
@@ -206,11 +222,16 @@ class RedisStore:
                 ]
             await self._run(self._holds, keys, args)
 
-    async def settle(self, charges: Sequence[Charge]) -> None:
+    async def settle(self, charges: Sequence[Charge], batch_id: str | None = None) -> None:
+        """Apply ``charges`` (all under one hash tag) once per ``batch_id``, however often sent.
+
+        A batch sent again under the same id (its reply was lost, so it may have run) is skipped
+        by the script for `SETTLED_TTL_S`; without an id the batch gets a fresh one."""
         merged = [charge for charge in _merged(charges) if charge.amount != 0]
         if merged:
-            keys = [charge.bucket.key for charge in merged]
-            args = [value for c in merged for value in (c.bucket.capacity, c.amount)]
+            marker = settled_key(merged[0].bucket.key, batch_id or uuid.uuid4().hex)
+            keys = [marker, *(charge.bucket.key for charge in merged)]
+            args = [SETTLED_TTL_S, *(v for c in merged for v in (c.bucket.capacity, c.amount))]
             await self._run(self._settle, keys, args)
 
     async def ping(self) -> bool:
@@ -297,8 +318,8 @@ class BatchingStore:
         with contextlib.suppress(StoreUnavailable):
             await self._store.settle([Charge(c.bucket, -c.amount) for c in charges])
 
-    async def settle(self, charges: Sequence[Charge]) -> None:
-        await self._store.settle(charges)
+    async def settle(self, charges: Sequence[Charge], batch_id: str | None = None) -> None:
+        await self._store.settle(charges, batch_id)
 
     async def update_holds(self, updates: Sequence[HoldUpdate]) -> None:
         await self._store.update_holds(updates)

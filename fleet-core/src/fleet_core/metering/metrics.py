@@ -97,6 +97,11 @@ class GatewayMetrics:
             "Rate limiter store calls that failed or timed out.",
             registry=registry,
         )
+        self._settlements_dropped = Counter(
+            "fleet_settlements_dropped_total",
+            "Settlement batches given up (over the retry queue's cap, or unsent at shutdown).",
+            registry=registry,
+        )
         registry.register(_EndpointReadiness(endpoints))
 
     @property
@@ -133,6 +138,9 @@ class GatewayMetrics:
 
     def store_error(self) -> None:
         self._store_errors.inc()
+
+    def settlement_dropped(self) -> None:
+        self._settlements_dropped.inc()
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """The exposition and its content type: OpenMetrics if ``accept`` asks, else text 0.0.4."""
