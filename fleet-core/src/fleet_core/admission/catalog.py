@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core import stopping
 from fleet_core.admission.directory import (
     BudgetRule,
     Catalog,
@@ -208,6 +209,7 @@ async def refresh_budgets(
         wanted.clear()
         await read_budgets(pool, refreshed)
         idle()
+        stopping.raise_if_cancelled()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(0.0, interval_s - (time.monotonic() - started))):
                 await wanted.wait()
@@ -235,6 +237,7 @@ class CatalogWatcher:
                 await self._listen()
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 log.warning("catalog watcher lost the database, retrying: %s", exc)
+                stopping.raise_if_cancelled()
                 await asyncio.sleep(self._poll_interval_s)
 
     async def _listen(self) -> None:
@@ -244,6 +247,7 @@ class CatalogWatcher:
             await conn.execute(f"LISTEN {CHANNEL}")
             await self._reload(conn)  # what changed while we were not listening
             while True:
+                stopping.raise_if_cancelled()
                 notified = False
                 async for _ in conn.notifies(timeout=self._poll_interval_s, stop_after=1):
                     notified = True
@@ -277,6 +281,8 @@ class KeyUsage:
         while True:
             await asyncio.sleep(self._interval_s)
             await self.flush()
+            # Cancelled as the pool handed flush() a connection, it may not have noticed.
+            stopping.raise_if_cancelled()
 
     async def flush(self) -> None:
         seen, self._seen = self._seen, {}

@@ -18,7 +18,7 @@ import aiohttp
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 
-from fleet_core import web
+from fleet_core import stopping, web
 from fleet_core.admission.budgets import BudgetBook, free_after
 from fleet_core.admission.catalog import (
     CatalogWatcher,
@@ -50,6 +50,8 @@ from fleet_core.storage.db import open_pool
 __all__ = ["GatewayResources", "create_gateway_app", "open_resources"]
 
 log = logging.getLogger("fleet.gateway")
+LOOPS_STOP_S = 5.0
+"""How long shutdown waits for the background loops (health, catalog, budgets …) to stop."""
 
 
 @dataclass
@@ -217,9 +219,9 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
         try:
             yield
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            # Bounded (`stopping`): a loop whose cancellation was swallowed must not hold the
+            # shutdown (hypercorn gives the whole lifespan 60 s, then fails it).
+            await stopping.stop(tasks, within_s=LOOPS_STOP_S)
             # Every exchange settles in its finally; the settlements then go out before the
             # store's client closes (open_resources closes it after this lifespan ends).
             await service.drain(timeout_s=config.usage_grace_s + 5)

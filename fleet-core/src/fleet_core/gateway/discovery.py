@@ -17,6 +17,7 @@ import aiohttp
 import msgspec
 
 from fleet_contract import Endpoint, Engine
+from fleet_core import stopping
 from fleet_core.gateway.routing.table import DiscoveredModel
 
 __all__ = ["DiscoveredEndpoints", "EndpointsDocument", "poll_endpoints"]
@@ -74,4 +75,5 @@ async def poll_endpoints(
                     log.warning("control plane answered %s for %s", response.status, url)
         except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
             log.warning("endpoint discovery failed, keeping the last table: %s", exc)
+        stopping.raise_if_cancelled()
         await asyncio.sleep(interval)

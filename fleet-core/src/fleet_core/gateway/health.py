@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import aiohttp
 
+from fleet_core import stopping
 from fleet_core.gateway.routing.endpoints import EndpointRegistry
 from fleet_core.gateway.routing.table import RoutingTable, Target
 
@@ -64,4 +65,5 @@ class HealthChecker:
                 await self.check_all(table_of())
             except Exception:  # a checker that dies silently is worse than one that logs
                 log.exception("health check round failed")
+            stopping.raise_if_cancelled()
             await asyncio.sleep(self._interval)

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from fleet_core import stopping
 from fleet_core.metering.counting import Counter, counter_from_json
 
 __all__ = ["REGISTRY_PREFIX", "RegistryTokenizers", "registry_id"]
@@ -63,4 +64,5 @@ class RegistryTokenizers:
         """Forever: fetch what the current routing table wants and is not loaded yet."""
         while True:
             await self.fetch(wanted())
+            stopping.raise_if_cancelled()
             await asyncio.sleep(retry_s)
