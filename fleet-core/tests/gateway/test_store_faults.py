@@ -7,26 +7,52 @@ stream finishes (its settlement meets a dead Redis), and the proxy resumes.
 The settlement made while Redis was down fails (logged and counted in
 ``fleet_rate_limiter_store_errors_total``), is kept, and is sent again with backoff once Redis is
 back (issue 13), under the same batch id so that it is applied once: the books come out exact.
+A gateway stopped while Redis is still down gives up on such a settlement within a bound, and
+says so (one log line; ``fleet_settlements_dropped_total``, see ``admission/test_settling.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+import httpx
+import msgspec
 import pytest
 
+from fleet_core.admission.service import DRAIN_S
+from fleet_core.gateway.app import create_gateway_app, open_resources
+from fleet_core.gateway.config import GatewayConfig
+from fleet_core.settings import GatewaySettings, LogSettings, admission_from_env
+from fleet_core.stub_engine import running_app
 from fleet_testing import servers
-from fleet_testing.fix_fault_engine import END, chat_frames, frame, sse, usage_frame
+from fleet_testing.fix_fault_engine import (
+    END,
+    FaultEngineFactory,
+    Script,
+    chat_frames,
+    frame,
+    sse,
+    usage_frame,
+)
 from fleet_testing.fix_proxy import ProxyFactory
 
-from .conftest import TPM, Rig, RigFactory
+from .conftest import MSG, TPM, Rig, RigFactory
 from .money import billed, bucket_level, in_flight, metric, records
 
 STALL_S = 0.5
 """The engine's pause mid-stream: the window in which the test cuts Redis."""
 STORE_ERRORS = "fleet_rate_limiter_store_errors_total"
+SHUTDOWN_WITHIN_S = DRAIN_S + 3.0
+"""A behaviour deadline for a whole gateway shutdown with Redis down (hypercorn allows 60 s)."""
+
+
+def _interrupted_stream() -> Script:
+    first, rest = chat_frames(["fine"], finish=None), chat_frames([" thanks"])
+    return [sse(), *first, STALL_S, *rest, usage_frame(3, 2), frame("[DONE]"), END]
 
 
 @dataclass
@@ -42,8 +68,7 @@ async def cut(start_rig: RigFactory, redis_url: str, tcp_proxy: ProxyFactory) ->
     target = servers.address_of(redis_url)
     proxy = tcp_proxy(target.host, target.port)
     rig = await start_rig(env={"FLEET_REDIS_URL": proxy.url_for(redis_url)}, read_timeout_s=5)
-    first, rest = chat_frames(["fine"], finish=None), chat_frames([" thanks"])
-    rig.engine.then([sse(), *first, STALL_S, *rest, usage_frame(3, 2), frame("[DONE]"), END])
+    rig.engine.then(_interrupted_stream())
     stream = asyncio.create_task(rig.send(stream=True))
     await _until(lambda: rig.engine.hits == 1)  # admitted (Redis charged it) and streaming
     reserved = await bucket_level(redis_url, rig.books.tpm_key)
@@ -79,8 +104,54 @@ async def test_redis_cut_mid_stream_then_resumed_keeps_the_books_exact(cut: Cut)
     await cut.rig.books.check(admitted=1)
 
 
-async def _store_errors(url: str) -> bool:
-    return await metric(url, STORE_ERRORS) >= 1
+@contextlib.asynccontextmanager
+async def _gateway(engine_url: str, redis_url: str, prefix: str) -> AsyncIterator[str]:
+    """A gateway on Redis (anonymous tpm=`TPM`) that this test stops itself: its URL."""
+    env = {"FLEET_RATE_TPM": str(TPM), "FLEET_REDIS_URL": redis_url, "FLEET_REDIS_PREFIX": prefix}
+    upstream = {"id": "m", "model": "m", "base_url": engine_url}
+    config = msgspec.convert({"read_timeout_s": 5, "upstreams": [upstream]}, GatewayConfig)
+    settings = GatewaySettings(
+        config=config, log=LogSettings(access=False), admission=admission_from_env(env)
+    )
+    async with (
+        open_resources(settings) as resources,
+        running_app(create_gateway_app(settings, resources)) as url,
+    ):
+        yield url
+
+
+async def test_stopping_while_redis_is_down_and_a_settlement_awaits_its_retry_is_bounded(
+    fault_engine: FaultEngineFactory,
+    redis_url: str,
+    redis_prefix: str,
+    tcp_proxy: ProxyFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 13: the kept settlement's retry is asleep (backoff) and Redis refuses connections
+    when the gateway stops: shutdown ends within its bound and names what it gave up on."""
+    target = servers.address_of(redis_url)
+    proxy = tcp_proxy(target.host, target.port)
+    engine = await fault_engine()
+    engine.then(_interrupted_stream())
+    loop = asyncio.get_running_loop()
+    caplog.set_level(logging.ERROR, logger="fleet.admission")
+    async with _gateway(engine.url, proxy.url_for(redis_url), redis_prefix) as url:
+        body = {"model": "m", "messages": MSG, "max_tokens": 1000, "stream": True}
+        async with httpx.AsyncClient(timeout=30) as http:
+            stream = asyncio.create_task(http.post(f"{url}/v1/chat/completions", json=body))
+            await _until(lambda: engine.hits == 1)  # admitted while Redis was up
+            await asyncio.to_thread(proxy.cut)
+            assert (await stream).status_code == 200
+        await _until_async(lambda: _store_errors(url, at_least=2), within_s=10)  # retried once
+        started = loop.time()
+    assert loop.time() - started < SHUTDOWN_WITHIN_S
+    given_up = [r.getMessage() for r in caplog.records if "settlement batches" in r.getMessage()]
+    assert len(given_up) == 1
+    assert given_up[0].startswith("shutting down with 1 settlement batches")
+
+
+async def _store_errors(url: str, at_least: int = 1) -> bool:
+    return await metric(url, STORE_ERRORS) >= at_least
 
 
 async def _until(check: Callable[[], bool], within_s: float = 5.0) -> None:

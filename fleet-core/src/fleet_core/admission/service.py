@@ -6,13 +6,16 @@ one store call, all or nothing. When the request is over, it is settled to what 
 one more call: the unused part refunded, an overrun charged. Budget rules are held in the same
 store call as the buckets (`budgets`), and their holds settled, touched and dropped alongside.
 Settlement runs in the background so it never delays a response; settlements close together
-share one store call per tenant, and shutdown (`Admission.drain`) waits for every one still
-waiting or on its way.
+share one store call per tenant.
 
-A settlement batch that meets a dead store is kept (at most `UNSETTLED_CAP` batches, the oldest
-dropped and counted beyond that) and sent again with backoff until the store answers. Each batch
-carries an id the store applies once, so a batch whose reply was lost (it may have run) is never
-applied twice (`store.RedisStore.settle`, ADR 0003).
+A settlement batch that meets a dead store (or is cut short) is kept (at most `UNSETTLED_CAP`
+batches, the oldest dropped and counted beyond that) and sent again with backoff until the store
+answers. Each batch carries an id the store applies once, so a batch whose reply was lost (it
+may have run) is never applied twice (`store.RedisStore.settle`, ADR 0003).
+
+Shutdown (`Admission.drain`) sends what is still waiting or kept and waits for what is on its
+way, for at most `DRAIN_S` however dead the store; what is left then is counted in
+``fleet_settlements_dropped_total`` and logged on one line, never lost silently.
 
 A reservation whose waiter is cancelled (the client left, or shutdown) while its store call is on
 the wire is given back by the store when the answer arrives (`store.BatchingStore`); its budget
@@ -22,13 +25,16 @@ holds are dropped here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from fleet_core import stopping
 from fleet_core.admission.budgets import (
     Amounts,
     BudgetBook,
@@ -64,8 +70,8 @@ SETTLE_RETRY_MAX_S = 10.0
 """The longest wait between two sends of failed settlement batches."""
 UNSETTLED_CAP = 10_000
 """The most failed settlement batches kept for retry; beyond it the oldest is dropped."""
-DRAIN_RETRY_S = 2.0
-"""How long shutdown spends sending failed settlement batches once more."""
+DRAIN_S = 2.0
+"""How long shutdown spends sending the settlements still waiting or kept after a failure."""
 
 
 BudgetWait = Callable[[BudgetRule, int], Awaitable[float | None]]
@@ -80,7 +86,7 @@ class AdmissionMetrics(Protocol):
     def settlement_dropped(self) -> None: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Batch:
     """One settlement store call: its id (the store applies it once) and its corrections."""
 
@@ -120,9 +126,13 @@ class Admission:
         self._flusher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         """Settlements under way: drain awaits them."""
+        self._sending: set[_Batch] = set()
+        """Settlement batches handed to the store, not yet known to have landed or failed."""
         self._unsettled: deque[_Batch] = deque()
         """Settlement batches the store failed to take, oldest first, waiting for a retry."""
         self._retrier: asyncio.Task[None] | None = None
+        self._closing = False
+        """Set by `drain`: no more retries in the background."""
         self._budget_wait = budget_wait
 
     @property
@@ -318,12 +328,10 @@ class Admission:
     async def _flush(self) -> None:
         pending, self._pending = self._pending, {}
         holds, self._pending_holds = list(self._pending_holds.values()), {}
-        by_tenant: dict[str, list[Charge]] = {}
-        for bucket, amount in pending.items():
-            if amount:
-                by_tenant.setdefault(hash_tag(bucket.key), []).append(Charge(bucket, amount))
+        batches = _batches(pending)
+        self._sending.update(batches)  # until each lands or is kept, even if cut short unstarted
         await asyncio.gather(
-            *(self._settle(charges) for charges in by_tenant.values()),
+            *(self._settle(batch) for batch in batches),
             *([self._update_holds(holds)] if holds else []),
         )
 
@@ -334,10 +342,14 @@ class Admission:
             self._metrics.store_error()
             log.warning("could not update budget holds (they expire on their own): %s", exc)
 
-    async def _settle(self, fixes: list[Charge]) -> None:
-        batch = _Batch(uuid.uuid4().hex, fixes)
-        if not await self._send(batch):
-            self._keep(batch)
+    async def _settle(self, batch: _Batch) -> None:
+        landed = False
+        try:
+            landed = await self._send(batch)
+        finally:  # failed, or cut short (shutdown): its reply never came, so it may not have run
+            self._sending.discard(batch)
+            if not landed:
+                self._keep(batch)
 
     async def _send(self, batch: _Batch) -> bool:
         """Send one batch (again, if it failed before: under the same id); whether it landed."""
@@ -355,57 +367,87 @@ class Admission:
             self._metrics.settlement_dropped()
             log.error("dropped a settlement: %d batches already wait for the store", UNSETTLED_CAP)
         self._unsettled.append(batch)
-        if self._retrier is None:
-            self._retrier = asyncio.get_running_loop().create_task(self._retry())
+        if self._retrier is None and not self._closing:
+            self._retrier = asyncio.get_running_loop().create_task(self._retry(), name="settle")
 
     async def _retry(self) -> None:
-        """Send the kept batches again, waiting 0.5 s doubling to 10 s, until the store answers."""
+        """Send the kept batches again, waiting 0.5 s doubling to 10 s, until the store answers.
+        Ends when cancelled (even if a cancellation was swallowed on the way) or at shutdown."""
         delay = SETTLE_RETRY_FIRST_S
         try:
-            while self._unsettled:
+            while self._unsettled and not self._closing:
                 await asyncio.sleep(delay)
                 landed = await self._resend()
                 delay = SETTLE_RETRY_FIRST_S if landed else min(2 * delay, SETTLE_RETRY_MAX_S)
+                stopping.raise_if_cancelled()
         finally:
             self._retrier = None
 
-    async def _resend(self) -> bool:
-        """Send the kept batches oldest first; False at the first that fails again."""
-        while self._unsettled:
+    async def _resend(self, deadline: float = math.inf) -> bool:
+        """Send the kept batches oldest first; False at the first that fails again, or once
+        ``deadline`` (event-loop time) has passed."""
+        loop = asyncio.get_running_loop()
+        while self._unsettled and loop.time() < deadline:
             batch = self._unsettled[0]
             if not await self._send(batch):
                 return False
             if batch in self._unsettled:  # the cap may have dropped it meanwhile
                 self._unsettled.remove(batch)
-        return True
+        return not self._unsettled
 
-    async def drain(self) -> None:
-        """Send every settlement still waiting, and wait for those on their way (at shutdown,
-        before the store's client closes). A store call under way may settle more: loop.
-        Batches kept after a failure are sent once more, for at most ``DRAIN_RETRY_S``."""
+    async def drain(self, *, within_s: float = DRAIN_S) -> None:
+        """At shutdown, before the store's client closes: send every settlement still waiting
+        or kept after a failure, and wait for those on their way, for at most ``within_s``.
+        What is still unsent then is given up: counted in ``fleet_settlements_dropped_total``
+        and logged on one line. Never longer than ``within_s`` (plus `stopping.RECANCEL_S`
+        for a send cut short), however dead the store."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        self._closing = True
+        if self._retrier is not None:  # it may sleep for 10 s: its batches are sent below
+            await stopping.stop([self._retrier], within_s=within_s)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await self._send_all(deadline)
+        # Settlements cut short by the deadline keep their batch (`_settle`), counted below.
+        await stopping.stop(self._tasks, within_s=stopping.RECANCEL_S)
+        self._give_up()
+
+    async def _send_all(self, deadline: float) -> None:
+        # A store call under way may settle more (a cancelled reservation): loop.
         while self._tasks or self._pending or self._pending_holds:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             else:
                 await self._flush()
-        await self._drain_unsettled()
+        await self._resend(deadline)
 
-    async def _drain_unsettled(self) -> None:
-        if self._retrier is not None:
-            self._retrier.cancel()
-            await asyncio.gather(self._retrier, return_exceptions=True)
-        if not self._unsettled:
-            return
-        try:
-            async with asyncio.timeout(DRAIN_RETRY_S):
-                await self._resend()
-        except TimeoutError:
-            pass
-        for _ in self._unsettled:
-            self._metrics.settlement_dropped()
-        if self._unsettled:
-            log.error("shutting down with %d settlement batches unsent", len(self._unsettled))
+    def _give_up(self) -> None:
+        """Count and log what shutdown could not settle (budget holds expire on their own)."""
+        unsent = [*self._unsettled, *self._sending, *_batches(self._pending)]
         self._unsettled.clear()
+        self._sending.clear()
+        self._pending, self._pending_holds = {}, {}
+        if not unsent:
+            return
+        for _ in unsent:
+            self._metrics.settlement_dropped()
+        tokens = sum(abs(charge.amount) for batch in unsent for charge in batch.charges)
+        log.error(
+            "shutting down with %d settlement batches (%d tokens of bucket corrections) the "
+            "rate-limit store did not confirm in time; the buckets refill on their own",
+            len(unsent),
+            tokens,
+        )
+
+
+def _batches(pending: Mapping[Bucket, int]) -> list[_Batch]:
+    """Summed corrections as settlement batches: one per tenant (its buckets share a hash tag)."""
+    by_tenant: dict[str, list[Charge]] = {}
+    for bucket, amount in pending.items():
+        if amount:
+            by_tenant.setdefault(hash_tag(bucket.key), []).append(Charge(bucket, amount))
+    return [_Batch(uuid.uuid4().hex, charges) for charges in by_tenant.values()]
 
 
 def _window(seconds: int) -> str:
