@@ -34,7 +34,7 @@ from bench.gateway_bench import (
     summary,
 )
 from fleet_core.admission.limits import Bucket, Charge
-from fleet_core.admission.store import open_redis_store
+from fleet_core.admission.store import open_redis_store, script_source
 from fleet_testing import servers
 
 KEY = "acme/research/bench"
@@ -126,12 +126,7 @@ def redis_benchmark(url: str, requests: int = 200_000) -> float | None:
     binary = shutil.which("redis-benchmark")
     if binary is None:
         return None
-    source = (
-        Path(__file__).resolve().parents[2]
-        / "fleet-core/src/fleet_core/admission/lua"
-        / "admit.lua"
-    ).read_text()
-    sha = redis.Redis.from_url(url).script_load(source)
+    sha = redis.Redis.from_url(url).script_load(script_source("admit.lua"))
     parts = urlsplit(url)
     bs = buckets("bench:rb:")
     args = [

@@ -9,8 +9,11 @@ operation, what it leaves in Redis, and its behaviour when Redis stops or freeze
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 import math
+import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Sequence
 
 import pytest
@@ -24,6 +27,7 @@ from fleet_core.admission.store import (
     MemoryStore,
     RedisStore,
     open_redis_store,
+    script_source,
     settled_key,
 )
 from fleet_testing.fix_redis_process import RedisProcess
@@ -356,3 +360,23 @@ async def _fails_fast(operation: Awaitable[object]) -> None:
         await operation
     assert time.monotonic() - started < FAIL_FAST_S
     assert isinstance(raised.value.__cause__, RedisError | OSError)
+
+
+def test_each_lua_helper_is_written_once_and_each_script_gets_the_ones_it_calls() -> None:
+    """The scripts share helpers through ``lib_*.lua`` files (a Redis script cannot include
+    another): no helper is written twice, and every composed script defines what it uses once."""
+    folder = importlib.resources.files("fleet_core.admission").joinpath("lua")
+    texts = {f.name: f.read_text("utf-8") for f in folder.iterdir() if f.name.endswith(".lua")}
+    written = Counter(name for text in texts.values() for name in _defined(text))
+    assert [name for name, times in written.items() if times > 1] == []
+    for script in ("admit.lua", "settle.lua", "holds.lua"):
+        composed = script_source(script)
+        assert [line for line in composed.splitlines() if line.startswith("-- #include")] == []
+        defined = Counter(_defined(composed))
+        assert max(defined.values()) == 1
+        called = set(re.findall(r"\b([a-z_]+)\(", composed)) & set(written)
+        assert called <= set(defined), script
+
+
+def _defined(lua: str) -> list[str]:
+    return re.findall(r"^local function (\w+)\(", lua, flags=re.MULTILINE)

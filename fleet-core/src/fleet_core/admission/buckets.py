@@ -8,7 +8,8 @@ Units: levels and amounts in tokens (or requests), times in seconds. A bucket re
 ``capacity / 60`` per second and never holds more than ``capacity``; settlement may leave it below
 zero (an overrun, P5), which it then pays back at the same rate.
 
-Change a function here and the matching one in ``lua/admit.lua`` and ``lua/settle.lua`` with it.
+Change a function here and the matching one in ``lua/lib_buckets.lua`` (shared by the admit and
+settle scripts; ``retry_after`` is in ``lua/admit.lua``) with it.
 """
 
 from __future__ import annotations

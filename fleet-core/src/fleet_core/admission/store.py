@@ -45,6 +45,7 @@ __all__ = [
     "RedisStore",
     "expiry_key",
     "open_redis_store",
+    "script_source",
     "settled_key",
 ]
 
@@ -56,6 +57,8 @@ HOLD_REFUSED = 2
 """The admit script's verdict when a budget hold does not fit."""
 SETTLED_TTL_S = 600
 """How long settle.lua remembers a batch it applied: longer than `Admission` retries one."""
+INCLUDE = "-- #include "
+"""A Lua script's line naming a shared helper file to put in its place (`script_source`)."""
 Ask = tuple[Sequence[Charge], Sequence[Hold]]
 """One reservation: its bucket charges and its budget holds."""
 
@@ -182,9 +185,9 @@ class RedisStore:
     def __init__(self, client: Redis) -> None:
         self._client = client
         # register_script gives EVALSHA, falling back to loading the script on NOSCRIPT.
-        self._admit = client.register_script(_script_source("admit.lua"))
-        self._settle = client.register_script(_script_source("settle.lua"))
-        self._holds = client.register_script(_script_source("holds.lua"))
+        self._admit = client.register_script(script_source("admit.lua"))
+        self._settle = client.register_script(script_source("settle.lua"))
+        self._holds = client.register_script(script_source("holds.lua"))
 
     async def reserve(self, charges: Sequence[Charge], holds: Sequence[Hold] = ()) -> Decision:
         [decision] = await self.reserve_many([(charges, holds)])
@@ -402,7 +405,16 @@ def _decision(reply: list[int], charges: Sequence[Charge]) -> Decision:
     return Decision(False, charges[index - 1].bucket, retry_after)
 
 
-def _script_source(name: str) -> str:
-    return (
-        importlib.resources.files("fleet_core.admission").joinpath("lua", name).read_text("utf-8")
+def script_source(name: str) -> str:
+    """Script ``name``'s text, each ``-- #include <file>`` line replaced by that file's text.
+
+    A Redis script cannot include another, so the helpers two scripts share live once in a
+    ``lib_*.lua`` file and are put in here (one level: a library includes nothing)."""
+    folder = importlib.resources.files("fleet_core.admission").joinpath("lua")
+    lines = folder.joinpath(name).read_text("utf-8").splitlines(keepends=True)
+    return "".join(
+        folder.joinpath(line.removeprefix(INCLUDE).strip()).read_text("utf-8")
+        if line.startswith(INCLUDE)
+        else line
+        for line in lines
     )

@@ -20,19 +20,12 @@
 -- retry_ms that wait rounded up (-1: never fits). A refused reservation takes nothing.
 -- Time is Redis's own (TIME), so every gateway shares one clock; expired holds are dropped first.
 --
--- The bucket helpers repeat fleet_core/admission/buckets.py operation for operation (and
--- settle.lua repeats them here: a script cannot include another); the hold helpers are repeated
--- in holds.lua and mirrored by store.MemoryStore. Change them together.
+-- A Redis script cannot include another, so the helpers shared with settle.lua (lib_buckets.lua:
+-- they repeat fleet_core/admission/buckets.py operation for operation) and with holds.lua
+-- (lib_holds.lua: store.MemoryStore mirrors them) are put in by the store where a line says
+-- `-- #include <file>` (`store.script_source`). retry_after (buckets.py too) is this script's own.
 
-local MIN_TTL_S = 120
-
-local function rate(capacity)
-  return capacity / 60
-end
-
-local function refill(level, elapsed, capacity)
-  return math.min(capacity, level + math.max(0, elapsed) * rate(capacity))
-end
+-- #include lib_buckets.lua
 
 local function retry_after(level, amount, capacity)
   if amount > capacity or capacity <= 0 then
@@ -41,68 +34,17 @@ local function retry_after(level, amount, capacity)
   return math.max(0, (amount - level) / rate(capacity))
 end
 
-local function ttl(level, capacity)
-  if capacity <= 0 then
-    return MIN_TTL_S
-  end
-  return math.max(MIN_TTL_S, 2 * (capacity - level) / rate(capacity))
-end
-
-local function clock()
-  local time = redis.call('TIME')
-  return tonumber(time[1]) + tonumber(time[2]) / 1000000
-end
-
-local function current(key, capacity, now)
-  local state = redis.call('HMGET', key, 'level', 'ts')
-  if not state[1] or not state[2] then
-    return capacity
-  end
-  return refill(tonumber(state[1]), now - tonumber(state[2]), capacity)
-end
-
-local function store(key, level, capacity, now)
-  -- %.17g keeps every bit of a double, so a stored level reads back exactly.
-  redis.call('HSET', key, 'level', string.format('%.17g', level), 'ts', string.format('%.17g', now))
-  redis.call('PEXPIRE', key, string.format('%d', math.ceil(ttl(level, capacity) * 1000)))
-end
-
 local PURGE_MAX = 100
 
--- HINCRBY takes integers only; Lua would send 0 negated as "-0", which it refuses.
-local function add(book, delta)
-  if delta ~= 0 then
-    redis.call('HINCRBY', book, 'sum', string.format('%d', delta))
-  end
-end
-
-local function keep(key, ttl_ms)
-  if redis.call('PTTL', key) < ttl_ms then
-    redis.call('PEXPIRE', key, ttl_ms)
-  end
-end
+-- #include lib_holds.lua
 
 -- The book's live sum, after dropping (at most PURGE_MAX of) the holds that expired.
 local function held(book, expiry, now_ms)
   local expired = redis.call('ZRANGEBYSCORE', expiry, '-inf', now_ms, 'LIMIT', 0, PURGE_MAX)
   for _, id in ipairs(expired) do
-    local amount = redis.call('HGET', book, id)
-    redis.call('ZREM', expiry, id)
-    if amount then
-      redis.call('HDEL', book, id)
-      add(book, -tonumber(amount))
-    end
+    drop(book, expiry, id)
   end
   return tonumber(redis.call('HGET', book, 'sum') or '0')
-end
-
-local function put(book, expiry, id, amount, ttl_ms, now_ms)
-  local old = tonumber(redis.call('HGET', book, id) or '0')
-  redis.call('HSET', book, id, string.format('%d', amount))
-  add(book, amount - old)
-  redis.call('ZADD', expiry, now_ms + ttl_ms, id)
-  keep(book, ttl_ms)
-  keep(expiry, ttl_ms)
 end
 
 local now = clock()

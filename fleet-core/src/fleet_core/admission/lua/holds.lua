@@ -5,39 +5,10 @@
 --                        <hold id> -> expiry (ms). All keys share the tenant's hash tag.
 -- ARGV: for each rule r in turn: u, then u triples (hold id, amount or -1 to drop, ttl_ms)
 --
--- Returns nothing. Time is Redis's own (TIME). The helpers repeat admit.lua's; change them
--- together (and store.MemoryStore, which mirrors them).
+-- Returns nothing. Time is Redis's own (TIME). The hold helpers (add, keep, put, drop) come from
+-- lib_holds.lua, shared with admit.lua.
 
--- HINCRBY takes integers only; Lua would send 0 negated as "-0", which it refuses.
-local function add(book, delta)
-  if delta ~= 0 then
-    redis.call('HINCRBY', book, 'sum', string.format('%d', delta))
-  end
-end
-
-local function keep(key, ttl_ms)
-  if redis.call('PTTL', key) < ttl_ms then
-    redis.call('PEXPIRE', key, ttl_ms)
-  end
-end
-
-local function put(book, expiry, id, amount, ttl_ms, now_ms)
-  local old = tonumber(redis.call('HGET', book, id) or '0')
-  redis.call('HSET', book, id, string.format('%d', amount))
-  add(book, amount - old)
-  redis.call('ZADD', expiry, now_ms + ttl_ms, id)
-  keep(book, ttl_ms)
-  keep(expiry, ttl_ms)
-end
-
-local function drop(book, expiry, id)
-  local amount = redis.call('HGET', book, id)
-  redis.call('ZREM', expiry, id)
-  if amount then
-    redis.call('HDEL', book, id)
-    add(book, -tonumber(amount))
-  end
-end
+-- #include lib_holds.lua
 
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
