@@ -99,7 +99,7 @@ class GatewayMetrics:
         )
         self._settlements_dropped = Counter(
             "fleet_settlements_dropped_total",
-            "Settlement batches given up (over the retry queue's cap, or unsent at shutdown).",
+            "Settlement batches given up (over the retry cap, or unconfirmed at shutdown).",
             registry=registry,
         )
         registry.register(_EndpointReadiness(endpoints))
