@@ -9,11 +9,12 @@ UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 PACKAGES := contract fleet-core fleet-serving
 
-.PHONY: help dev seed kube test check lint format typecheck compat bench lock notice llama-server e2e image image-base image-test clean
+.PHONY: help dev seed smoke kube test check lint format typecheck compat bench lock notice llama-server e2e image image-base image-test clean
 
 help:
 	@echo "make dev    - run the system on embedded defaults"
 	@echo "make seed   - create a demo tenant, project, key and budget rule (with make dev running)"
+	@echo "make smoke  - prove the running system works end to end (with make dev running)"
 	@echo "make test   - run every test (the CI command)"
 	@echo "make kube   - build the real Kubernetes control plane the tests use (once, cached)"
 	@echo "make check  - format check, lint, types, import layering, contract compatibility, tests"
@@ -45,6 +46,14 @@ dev: $(STAMP)
 # Needs `make dev` running (or FLEET_SEED_API pointing at a control plane).
 seed: $(STAMP)
 	$(PY) -m fleet_core.seed
+
+# Needs `make dev` running: every check against its gateway and control plane, with the admin
+# token it keeps in .dev/; the auth, rate-limit and metrics rows run on a second gateway of the
+# smoke command's own (docs/smoke.md). FLEET_DEV_PORT / FLEET_DEV_API_PORT move it as they move make dev.
+smoke: $(STAMP)
+	$(BIN)/fleet smoke --gateway http://127.0.0.1:$${FLEET_DEV_PORT:-8080} \
+		--control-plane http://127.0.0.1:$${FLEET_DEV_API_PORT:-8081} \
+		--admin-token-file .dev/admin-token --own-gateway $(SMOKE_ARGS)
 
 # The operator's tests run on a real etcd + kube-apiserver + kube-controller-manager, built once
 # from the Kubernetes Go modules into ~/.cache/fleet/k8s-<version>/ (needs Go; instant when cached).

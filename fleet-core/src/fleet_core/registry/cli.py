@@ -205,10 +205,16 @@ def _parser(default_api: str) -> argparse.ArgumentParser:
     actions.add_parser("list", help="list registered models")
     show = actions.add_parser("show", help="one model, with its facts")
     show.add_argument("target", help="a model id")
+    nouns.add_parser("smoke", help="prove a running Fleet works end to end (fleet smoke --help)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["smoke"]:  # its own options and help: fleet_core.smoke.cli
+        from fleet_core import smoke
+
+        smoke.main(argv[1:])
     default_api = os.environ.get("FLEET_CONTROL_PLANE_URL") or DEFAULT_API
     args = _parser(default_api).parse_args(argv)
     try:
