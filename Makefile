@@ -49,11 +49,13 @@ seed: $(STAMP)
 
 # Needs `make dev` running: every check against its gateway and control plane, with the admin
 # token it keeps in .dev/; the auth, rate-limit and metrics rows run on a second gateway of the
-# smoke command's own (docs/smoke.md). FLEET_DEV_PORT / FLEET_DEV_API_PORT move it as they move make dev.
+# smoke command's own (docs/smoke.md). FLEET_DEV_PORT / FLEET_DEV_API_PORT move it as they move
+# make dev; SMOKE_ARGS adds options (e.g. SMOKE_ARGS=--keep-going).
+SMOKE_ADMIN_TOKEN ?= .dev/admin-token
 smoke: $(STAMP)
 	$(BIN)/fleet smoke --gateway http://127.0.0.1:$${FLEET_DEV_PORT:-8080} \
 		--control-plane http://127.0.0.1:$${FLEET_DEV_API_PORT:-8081} \
-		--admin-token-file .dev/admin-token --own-gateway $(SMOKE_ARGS)
+		--admin-token-file $(SMOKE_ADMIN_TOKEN) --own-gateway $(SMOKE_ARGS)
 
 # The operator's tests run on a real etcd + kube-apiserver + kube-controller-manager, built once
 # from the Kubernetes Go modules into ~/.cache/fleet/k8s-<version>/ (needs Go; instant when cached).

@@ -19,9 +19,7 @@ from fleet_core.smoke.running import Runner
 __all__ = ["AREA", "run", "scripts"]
 
 AREA = "Console"
-_SCRIPT = re.compile(
-    r"""(?:src|href)\s*=\s*["']((?:\.?/)?assets/[^"'?#]+\.m?js)(?:[?#][^"']*)?["']"""
-)
+_SCRIPT = re.compile(r"""(?:src|href)\s*=\s*["']?((?:\.?/)?assets/[^"'\s>?#]+\.m?js)""")
 _DEEP_LINK = "/fleet/smoke/deep-link"
 
 
