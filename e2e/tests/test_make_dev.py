@@ -1,5 +1,6 @@
 """``make dev`` then ``make seed`` from an empty directory: the whole system, in database mode,
-answers an SDK call with the seeded key, and SIGTERM leaves nothing running. Nothing is typed:
+answers an SDK call with the seeded key, ``make smoke`` passes against it (twice), and SIGTERM
+leaves nothing running. Nothing is typed:
 ``make dev`` makes the control plane's admin token under ``.dev/`` and ``make seed`` finds it."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import openai
 import pytest
 
 START_TIMEOUT_S = 90
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _free_block(size: int) -> int:
@@ -162,11 +164,35 @@ def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
     assert status == "Ready"
     assert any((workdir / ".dev" / "models").rglob("*.gguf"))
 
+    _make_smoke_twice(env, token_file, api, token)
+
     assert (workdir / ".dev" / "postgres" / "data" / "PG_VERSION").is_file()
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
     for port in ("FLEET_DEV_PG_PORT", "FLEET_DEV_REDIS_PORT", "FLEET_DEV_API_PORT"):
         assert not _answers_tcp(int(env[port])), f"{port} still served after SIGTERM"
+
+
+def _make_smoke_twice(env: dict[str, str], token_file: Path, api: str, token: str) -> None:
+    """``make smoke`` against this make dev passes, and again (it is safe to re-run); the
+    throwaway tenants it made are all deactivated afterwards."""
+    make = ["make", "--no-print-directory", "-C", str(REPO), "smoke"]
+    for _ in range(2):
+        smoked = subprocess.run(
+            [*make, f"SMOKE_ADMIN_TOKEN={token_file}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert smoked.returncode == 0, smoked.stdout + smoked.stderr
+        summary = smoked.stdout.strip().splitlines()[-1]
+        assert " 0 failed" in summary, summary
+        assert "FAIL " not in smoked.stdout
+    tenants = _get(f"{api}/api/v1/tenants", token)["data"]
+    made = [t for t in tenants if t["id"].startswith("smoke-")]
+    assert made, "make smoke made no throwaway tenant"
+    assert not [t["id"] for t in made if t["active"]], "a throwaway tenant is still active"
 
 
 def _post(url: str, body: dict[str, Any], token: str) -> dict[str, Any]:
