@@ -179,7 +179,14 @@ class ControlPlane:
         return JSONResponse(rate, 201)
 
     async def close_month(self, request: Request) -> Response:
+        if request.path_params["month"] == "2000-01":
+            return _envelope(
+                400, "2000-01 was observed 0.00% (no cluster)", "insufficient_coverage"
+            )
         return _envelope(400, "not over yet", "period_not_over")
+
+    async def no_month(self, request: Request) -> Response:
+        return _envelope(404, "not closed")
 
     async def fit(self, request: Request) -> Response:
         engine = request.query_params.get("engine")
@@ -205,6 +212,7 @@ class ControlPlane:
                 Route("/api/v1/cost-rates", self.rates_get),
                 Route("/api/v1/cost-rates", self.rates_post, methods=["POST"]),
                 Route("/api/v1/cost-periods/{month}", self.close_month, methods=["PUT"]),
+                Route("/api/v1/cost-periods/{month}", self.no_month),
                 Route("/hub/api/models/{repo:path}", self.ok),
                 Route("/api/v1/models", self.made, methods=["POST"]),
                 Route("/api/v1/models/{id}/fit", self.fit),

@@ -240,4 +240,4 @@ async def test_the_cost_pool_fails_when_a_rate_is_rounded(admin_file: Path) -> N
     assert code == 1
     assert verdict(out, "a cost rate round-trips exactly") == "FAIL"
     assert verdict(out, "before it is over is refused") == "ok"
-    assert verdict(out, "closing an unobserved month") == "note"
+    assert verdict(out, "closing 2000-01 (nobody observed it)") == "ok"

@@ -1,6 +1,7 @@
-"""Cost pool: a cost rate round-trips exactly (money is integer micro-units end to end), and
-closing a month that is not over is refused with when it can be closed, before anything is
-written. Closing a past month is never tried: on a deployment that would be a real close."""
+"""Cost pool: a cost rate round-trips exactly (money is integer micro-units end to end); closing
+the current month is refused with when it can be closed; closing a month nobody observed is
+refused with its coverage (a report over unwatched capacity would bill guesses). Nothing is
+closed: the current month is not over, and the unobserved one is asked with ``minCoverage=1``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from fleet_core.smoke.context import Context
 from fleet_core.smoke.http import envelope_ok
 from fleet_core.smoke.running import Runner
 
-__all__ = ["AREA", "RATE", "run"]
+__all__ = ["AREA", "RATE", "UNOBSERVED", "run"]
 
 AREA = "Cost pool"
+UNOBSERVED = "2000-01"
+"""A month before any fleet: closing it with ``minCoverage=1`` can only be refused."""
 RATE = 1_234_567
 """Micro-units per GPU-hour: digits a float round trip or a cents column would change."""
 
@@ -33,9 +36,20 @@ async def run(ctx: Context, runner: Runner) -> None:
     code = found.get("error", {}).get("code") if isinstance(found, dict) else None
     ok = closing.status == 400 and envelope_ok(closing) and code == "period_not_over"
     runner.check(AREA, f"closing {month} before it is over is refused", ok, closing.brief())
-    runner.note(
-        AREA,
-        "closing an unobserved month answers 400 with its coverage",
-        "not tried: it needs a past month with unobserved capacity, and a month that would close "
-        "would close for real (tested in fleet-core/tests/costs)",
-    )
+    await _unobserved(ctx, runner)
+
+
+async def _unobserved(ctx: Context, runner: Runner) -> None:
+    """Closing a month before any fleet existed, demanding full coverage: it can only be refused
+    (nothing observed it), so the call is safe on a deployment."""
+    what = f"closing {UNOBSERVED} (nobody observed it) is a 400 with the coverage"
+    if (await ctx.tenants().call("GET", f"/api/v1/cost-periods/{UNOBSERVED}")).status != 404:
+        runner.note(AREA, what, f"{UNOBSERVED} is closed here already: not closed again")
+        return
+    path = f"/api/v1/cost-periods/{UNOBSERVED}?minCoverage=1"
+    refused = await ctx.tenants().call("PUT", path)
+    found = refused.json()
+    error = found.get("error", {}) if isinstance(found, dict) else {}
+    ok = refused.status == 400 and error.get("code") == "insufficient_coverage"
+    ok = ok and "observed" in str(error.get("message")) and "%" in str(error.get("message"))
+    runner.check(AREA, what, ok, refused.brief())
