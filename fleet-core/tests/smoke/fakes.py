@@ -126,13 +126,19 @@ class Gateway:
 
 class ControlPlane:
     """Makes tenants and keys as the real one does, and gets these wrong: the ledger never
-    shows usage, inventory trusts a report's ``totalGpus``, cost rates are rounded to cents, and
-    every model fits every engine."""
+    shows usage, inventory trusts a report's ``totalGpus`` (and miscounts an operator's cluster),
+    cost rates are rounded to cents, and every model fits every engine."""
 
     def __init__(self) -> None:
         self.rates: list[dict[str, Any]] = []
-        self.reports: dict[str, Any] = {}
+        gpus = [{"vendor": "nvidia", "product": "L4", "memoryMib": 24576, "count": 4}]
+        node = {"name": "n1", "ready": True, "schedulable": True, "gpus": gpus}
+        self.reports: dict[str, Any] = {"prod-1": {"nodes": [node], "deployments": []}}
         self.deactivated: list[str] = []
+
+    async def listed(self, request: Request) -> Response:
+        """An operator's cluster whose summary says 8 GPUs while its one node has 4 (the bug)."""
+        return JSONResponse({"data": [{"clusterId": "prod-1", "nodes": 1, "gpus": 8}]})
 
     async def made(self, request: Request) -> Response:
         body = await request.json()
@@ -206,7 +212,7 @@ class ControlPlane:
                 Route("/api/v1/credentials", self.ok, methods=["POST"]),
                 Route("/api/v1/credentials/{id}", self.ok, methods=["DELETE"]),
                 Route("/api/v1/inventory", self.inventory, methods=["PUT"]),
-                Route("/api/v1/inventory", self.empty),
+                Route("/api/v1/inventory", self.listed),
                 Route("/api/v1/clusters/{cluster}", self.cluster),
                 Route("/api/v1/clusters/{cluster}", self.ok, methods=["DELETE"]),
                 Route("/api/v1/cost-rates", self.rates_get),

@@ -223,6 +223,7 @@ async def test_inventory_fails_when_a_reports_total_is_trusted(admin_file: Path)
     assert verdict(out, "counts are recomputed from the node list") == "FAIL"
     assert "'gpus': 999" in line(out, "counts are recomputed")
     assert verdict(out, "Scheduling keeps its reason") == "ok"
+    assert verdict(out, "cluster prod-1: counts match its node list") == "FAIL"
 
 
 async def test_weight_formats_fail_when_every_engine_fits(admin_file: Path) -> None:

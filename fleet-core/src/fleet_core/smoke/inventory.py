@@ -2,7 +2,8 @@
 own totals are never trusted), and keeps ``Scheduling`` with its reason apart from ``Pending``
 (the one is "no node can take it, and why", the other "not started yet").
 
-With an operator credential for a throwaway cluster, it PUTs a report of its own (with a bogus
+Clusters an operator reported are checked against their own node lists. With an operator
+credential for a throwaway cluster, it also PUTs a report of its own (with a bogus
 ``totalGpus`` the control plane must ignore), reads it back, and decommissions the cluster. The
 cluster gets a zero cost rate in the fleet's currency first, so its few seconds of capacity never
 stand in the way of closing a month.
@@ -97,9 +98,28 @@ async def run(ctx: Context, runner: Runner) -> None:
         got = {k: summary.get(k) for k in EXPECTED} if isinstance(summary, dict) else put.brief()
         runner.check(AREA, "counts are recomputed from the node list", got == EXPECTED, got)
         await _phases(ctx, runner, cluster)
+        await _reported(ctx, runner)
     finally:
         await admin.call("DELETE", f"/api/v1/clusters/{cluster}")
         await admin.call("DELETE", f"/api/v1/credentials/{issued['id']}")
+
+
+async def _reported(ctx: Context, runner: Runner) -> None:
+    """Clusters an operator reported: their summaries against the counts of their own nodes."""
+    listed = (await ctx.tenants().call("GET", "/api/v1/inventory")).json()
+    data = listed.get("data", []) if isinstance(listed, dict) else []
+    for summary in data:
+        cluster = str(summary.get("clusterId"))
+        if cluster.startswith("smoke-"):
+            continue
+        found = (await ctx.tenants().call("GET", f"/api/v1/clusters/{cluster}")).json()
+        nodes = found.get("report", {}).get("nodes", []) if isinstance(found, dict) else []
+        gpus = sum(g.get("count", 0) for n in nodes for g in n.get("gpus", []))
+        got = (summary.get("nodes"), summary.get("gpus"))
+        what = f"cluster {cluster}: counts match its node list"
+        runner.check(
+            AREA, what, got == (len(nodes), gpus), f"summary {got}, nodes {len(nodes)}, gpus {gpus}"
+        )
 
 
 async def _phases(ctx: Context, runner: Runner, cluster: str) -> None:
