@@ -242,3 +242,31 @@ async def test_the_cost_pool_fails_when_a_rate_is_rounded(admin_file: Path) -> N
     assert verdict(out, "a cost rate round-trips exactly") == "FAIL"
     assert verdict(out, "before it is over is refused") == "ok"
     assert verdict(out, "closing 2000-01 (nobody observed it)") == "ok"
+
+
+async def test_sigterm_mid_run_still_deactivates_the_tenants(
+    open_gateway: str, admin_file: Path
+) -> None:
+    """Stopped while it waits for the ledger (which never shows anything here)."""
+    plane = fakes.ControlPlane()
+    async with serving(plane.app()) as control:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "fleet_core.smoke",
+            *_against(open_gateway, control, admin_file, "budgets"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        assert process.stdout is not None
+        seen = b""
+        while b"a request of a fresh tenant is served" not in seen:
+            seen += await asyncio.wait_for(process.stdout.readline(), timeout=30)
+        process.terminate()
+        rest, _ = await asyncio.wait_for(process.communicate(), timeout=30)
+    out = (seen + rest).decode()
+    assert process.returncode == 1
+    assert "interrupted: cleaning up" in out
+    assert "it appears in /api/v1/usage" not in out, "stopped only after the wait"
+    assert out.strip().splitlines()[-1].startswith("INTERRUPTED: ")
+    assert plane.deactivated == [line(out, "fleet smoke").split()[2].rstrip(":") + "-budget"]

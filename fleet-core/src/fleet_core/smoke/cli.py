@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -141,9 +142,29 @@ async def _run(args: argparse.Namespace, runner: Runner) -> None:
             f"fleet smoke {ctx.run}: gateway {ctx.gateway}, control plane {ctx.control_plane}",
             file=runner.out,
         )
-        with contextlib.suppress(Stop):
-            for name in _areas(args.only):
-                await _run_area(ctx, runner, name)
+        await _areas_until_stopped(ctx, runner, _areas(args.only))
+
+
+async def _areas_until_stopped(ctx: Context, runner: Runner, names: list[str]) -> None:
+    """Every area, until the first failure (``Stop``) or SIGINT/SIGTERM; either way the caller's
+    exit stack then deactivates the tenants and stops the second gateway."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        for name in names:
+            await _run_area(ctx, runner, name)
+    except Stop:
+        pass
+    except asyncio.CancelledError:
+        task.uncancel()  # the cleanup's own calls must not be cancelled too
+        runner.interrupted = True
+        print("interrupted: cleaning up", file=runner.out)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
 async def _clean(throwaway: Throwaway, runner: Runner) -> None:
@@ -165,4 +186,4 @@ def main(argv: Sequence[str] | None = None) -> None:
     runner = Runner(keep_going=args.keep_going)
     asyncio.run(_run(args, runner))
     print(runner.summary(), file=runner.out)
-    raise SystemExit(1 if runner.failed else 0)
+    raise SystemExit(1 if runner.failed or runner.interrupted else 0)

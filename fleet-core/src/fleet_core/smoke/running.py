@@ -27,6 +27,8 @@ class Runner:
     passed: int = 0
     failed: int = 0
     notes: int = 0
+    interrupted: bool = False
+    """SIGINT or SIGTERM ended the run early (exit status 1, like a failure)."""
 
     def check(self, area: str, what: str, ok: bool, observed: object) -> bool:
         """One line: ``area  what  ok|FAIL  observed``; raises Stop on a failure unless
@@ -48,6 +50,8 @@ class Runner:
     def summary(self) -> str:
         total = self.passed + self.failed
         text = f"{self.passed}/{total} checks passed, {self.failed} failed, {self.notes} notes"
+        if self.interrupted:
+            return f"INTERRUPTED: {text}"
         return text if self.failed == 0 else f"FAILED: {text}"
 
     def _line(self, area: str, what: str, verdict: str, observed: object) -> None:
