@@ -132,6 +132,7 @@ def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
     key = next(
         line.split("=", 1)[1] for line in seeded.stdout.splitlines() if "export KEY=" in line
     )
+    _until_served(f"{gateway}/v1/models", key)
     with openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0) as client:
         reply = client.chat.completions.create(
             model="qwen", messages=[{"role": "user", "content": "hello"}]
@@ -171,6 +172,22 @@ def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
     assert process.wait(timeout=60) == 0
     for port in ("FLEET_DEV_PG_PORT", "FLEET_DEV_REDIS_PORT", "FLEET_DEV_API_PORT"):
         assert not _answers_tcp(int(env[port])), f"{port} still served after SIGTERM"
+
+
+def _until_served(url: str, key: str) -> None:
+    """A new key reaches the gateway with its next catalog poll (a second; longer on a loaded
+    machine, where a full `make test` run saw the first call refused)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            _get(url, key)
+            return
+        except urllib.error.HTTPError as exc:
+            exc.close()  # it holds the response's socket
+            code = exc.code
+        assert code == 401, f"the seeded key met {code}"
+        assert time.monotonic() < deadline, "the gateway never accepted the seeded key"
+        time.sleep(0.2)
 
 
 def _make_smoke_twice(env: dict[str, str], token_file: Path, api: str, token: str) -> None:

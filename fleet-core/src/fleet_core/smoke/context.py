@@ -124,7 +124,7 @@ class Context:
     run: str
     admin: str | None = None
     key: str | None = None
-    """``--key``: a key of the deployment's own, for the OpenAI checks."""
+    """``--key-file`` (or FLEET_SMOKE_KEY): a key of the deployment's own, for the OpenAI rows."""
     model: str | None = None
     metrics_token: str | None = None
     throwaway: Throwaway | None = None
