@@ -82,8 +82,8 @@ async def load_catalog(conn: Connection) -> Catalog:
     async with conn.transaction():
         cur = conn.cursor()
         await cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        await cur.execute("SELECT id, request_limit, token_limit, active FROM tenants")
-        tenants = {r[0]: Scope(Limits(r[1], r[2]), r[3]) for r in await cur.fetchall()}
+        await cur.execute("SELECT id, request_limit, token_limit, active, priority FROM tenants")
+        tenants = {r[0]: Scope(Limits(r[1], r[2]), r[3], r[4]) for r in await cur.fetchall()}
         await cur.execute("SELECT id, request_limit, token_limit, active FROM projects")
         projects = {r[0]: Scope(Limits(r[1], r[2]), r[3]) for r in await cur.fetchall()}
         await cur.execute(

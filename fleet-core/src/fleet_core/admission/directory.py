@@ -51,6 +51,8 @@ class BudgetRule:
 class Scope:
     limits: Limits
     active: bool
+    priority: int = 1
+    """A tenant's fair-queue weight when endpoints are full (projects keep 1)."""
 
 
 @dataclass(frozen=True, slots=True)

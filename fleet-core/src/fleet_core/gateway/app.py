@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -32,12 +32,14 @@ from fleet_core.admission.directory import BudgetRule, CatalogDirectory, Directo
 from fleet_core.admission.limits import LimitStore
 from fleet_core.admission.service import Admission, BudgetWait
 from fleet_core.admission.store import BatchingStore, MemoryStore, open_redis_store
+from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.discovery import poll_endpoints
 from fleet_core.gateway.health import HealthChecker
 from fleet_core.gateway.proxy import Proxy
 from fleet_core.gateway.router import Router
 from fleet_core.gateway.routes import gateway_routes
 from fleet_core.gateway.routing.endpoints import EndpointRegistry
+from fleet_core.gateway.routing.selection import Scoring
 from fleet_core.gateway.service import GatewayService
 from fleet_core.gateway.tokenizers import RegistryTokenizers, registry_id
 from fleet_core.gateway.viewers import Viewers
@@ -145,10 +147,15 @@ async def open_resources(settings: GatewaySettings) -> AsyncIterator[GatewayReso
 
 def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -> Starlette:
     config = settings.config
-    registry = EndpointRegistry(eject_after=config.health.eject_after)
+    registry = EndpointRegistry(
+        eject_after=config.health.eject_after,
+        scoring=Scoring(config.routing.kv_threshold, config.routing.kv_penalty),
+        signal_max_age=2 * config.health.interval_s,  # two scrapes missed: stale (ADR 0013)
+        epsilon=config.routing.affinity_epsilon,
+    )
     router = Router(config, registry, engine_key=settings.engine_key or "")
     proxy = Proxy(resources.session, registry, queue_timeout=config.queue_timeout_s)
-    metrics = GatewayMetrics(endpoints=router.readiness)
+    metrics = GatewayMetrics(endpoints=router.readiness, signals=router.signals)
     database = resources.database
     directory: Directory = (
         StaticDirectory(keys=settings.admission.keys, policy=settings.admission.policy)
@@ -184,6 +191,8 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
         admission=admission,
         metrics=metrics,
         usage_grace_s=config.usage_grace_s,
+        routing=config.routing,
+        priority=tenant_priority(config, database),
     )
     checker = HealthChecker(
         resources.session,
@@ -253,6 +262,25 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     app.state.admission = admission
     app.state.database = database
     return app
+
+
+def tenant_priority(config: GatewayConfig, database: DatabaseMode | None) -> Callable[[str], int]:
+    """A tenant's fair-queue weight: its row in database mode, fleet.yaml's ``tenants`` else."""
+    if database is not None:
+        directory = database.directory
+
+        def from_catalog(tenant: str) -> int:
+            scope = directory.catalog.tenants.get(tenant)
+            return scope.priority if scope is not None else 1
+
+        return from_catalog
+    tenants = config.tenants
+
+    def from_config(tenant: str) -> int:
+        found = tenants.get(tenant)
+        return found.priority if found is not None else 1
+
+    return from_config
 
 
 def budget_wait(database: DatabaseMode) -> BudgetWait:

@@ -15,9 +15,19 @@ from msgspec import Meta
 
 from fleet_core.errors import ConfigError
 
-__all__ = ["EngineKind", "GatewayConfig", "HealthConfig", "UpstreamConfig", "load_config"]
+__all__ = [
+    "EngineKind",
+    "GatewayConfig",
+    "HealthConfig",
+    "RoutingConfig",
+    "RoutingPolicy",
+    "TenantConfig",
+    "UpstreamConfig",
+    "load_config",
+]
 
 EngineKind = Literal["vllm", "llamacpp", "openai"]
+RoutingPolicy = Literal["least_load", "prefix_affinity"]
 PositiveInt = Annotated[int, Meta(ge=1)]
 PositiveFloat = Annotated[float, Meta(gt=0)]
 
@@ -35,6 +45,10 @@ class UpstreamConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     slots: PositiveInt | None = None
     fallbacks: tuple[str, ...] = ()
     tokenizer: str | None = None
+    routing: RoutingPolicy | None = None
+    """``least_load`` (score: in flight + engine queue + KV penalty) or ``prefix_affinity``
+    (consistent hashing with bounded load on the session or prompt prefix); default
+    ``routing.policy``."""
 
     def urls(self) -> tuple[str, ...]:
         found = self.endpoints or ((self.base_url,) if self.base_url else ())
@@ -49,11 +63,37 @@ class HealthConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     eject_after: PositiveInt = 3
 
 
+class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """How endpoints are chosen (docs/gateway.md "Routing", ADR 0013)."""
+
+    policy: RoutingPolicy = "least_load"
+    """The policy of pools that name none (discovered ones included)."""
+    kv_threshold: Annotated[float, Meta(ge=0, lt=1)] = 0.8
+    """KV-cache occupancy above which an engine's score is penalised."""
+    kv_penalty: Annotated[float, Meta(ge=0)] = 8.0
+    """The penalty at 100% occupancy, in requests-in-flight equivalents."""
+    affinity_epsilon: Annotated[float, Meta(gt=0, le=10)] = 0.25
+    """Affinity's load bound: no endpoint above (1 + ε) × the mean load (plus one)."""
+    prefix_chars: Annotated[int, Meta(ge=16, le=1_000_000)] = 1024
+    """How much of the rendered prompt (system prompt and conversation) keys prefix affinity."""
+    session_from_user: bool = False
+    """Also take the OpenAI ``user`` field as a session id (``X-Session-Id`` always counts)."""
+
+
+class TenantConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Environment mode's per-tenant routing settings (database mode: the tenant's row)."""
+
+    priority: Annotated[int, Meta(ge=1, le=100)] = 1
+    """Share of a full endpoint's freed slots relative to other waiting tenants (weight)."""
+
+
 class GatewayConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     listen: str = "127.0.0.1:8080"
     default_model: str | None = None
     upstreams: tuple[UpstreamConfig, ...] = ()
     health: HealthConfig = HealthConfig()
+    routing: RoutingConfig = RoutingConfig()
+    tenants: dict[str, TenantConfig] = {}
     queue_timeout_s: Annotated[float, Meta(ge=0)] = 5.0
     connect_timeout_s: PositiveFloat = 5.0
     read_timeout_s: PositiveFloat = 600.0

@@ -3,17 +3,23 @@
 vLLM and llama.cpp's ``llama-server`` answer ``/health``; a generic OpenAI server may have none,
 so the ``openai`` kind is probed with ``/v1/models``. A passing check also readmits an endpoint that
 passive ejection took out (``EndpointRegistry.record_failure``).
+
+On the same cadence, vLLM and llama.cpp endpoints have their ``/metrics`` scraped for the load
+signals routing weighs (`routing.signals`). A failed scrape is not a failed health check: the
+endpoint keeps serving and its signals simply grow stale, and stale signals are ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 import aiohttp
 
 from fleet_core import stopping
+from fleet_core.gateway.routing import signals
 from fleet_core.gateway.routing.endpoints import EndpointRegistry
 from fleet_core.gateway.routing.table import RoutingTable, Target
 
@@ -54,6 +60,24 @@ class HealthChecker:
         if ok:
             state.consecutive_failures = 0
         state.mark(ok, reason)
+        if ok and signals.scraped(target.engine):
+            await self.scrape(target, headers)
+        self._registry.notify()  # a readmitted endpoint frees slots for waiters
+
+    async def scrape(self, target: Target, headers: dict[str, str]) -> None:
+        """Read the engine's ``/metrics`` (bounded) into its state's signals."""
+        try:
+            async with self._session.get(
+                target.url + "/metrics", headers=headers, timeout=self._timeout
+            ) as response:
+                if response.status != 200:
+                    return
+                raw = await response.content.read(signals.MAX_METRICS_BYTES)
+        except (aiohttp.ClientError, TimeoutError):
+            return
+        text = raw.decode("utf-8", "replace")
+        found = signals.parse_metrics(target.engine, text, at=time.monotonic())
+        self._registry.get(target.url).signals = found
 
     async def check_all(self, table: RoutingTable) -> None:
         targets = {t.url: t for pool in table.pools.values() for t in pool.targets}

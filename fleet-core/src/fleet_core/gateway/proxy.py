@@ -24,7 +24,7 @@ import aiohttp
 import msgspec
 
 from fleet_core.errors import UpstreamError
-from fleet_core.gateway.routing.endpoints import EndpointRegistry, Lease
+from fleet_core.gateway.routing.endpoints import ANY_TICKET, EndpointRegistry, Lease, Ticket
 from fleet_core.gateway.routing.table import Pool
 
 __all__ = ["Opened", "Proxy", "engine_timeout", "malformed"]
@@ -103,18 +103,22 @@ class Proxy:
         *,
         request_id: str,
         on_attempt: Callable[[str | None], None] | None = None,
+        ticket: Ticket = ANY_TICKET,
     ) -> Opened:
         """The first usable response along ``chain``; UpstreamError when every endpoint failed.
 
         ``on_attempt`` hears each endpoint's URL just before the request is sent to it, and
-        None once that endpoint turned the request down (it generated nothing).
+        None once that endpoint turned the request down (it generated nothing). ``ticket``
+        carries what routing weighs: tenant and cost for the fair queue, the affinity key.
         """
         attempt = on_attempt or _ignore
         failures: list[_Failure] = []
         for pool in chain:
             tried: set[str] = set()
             body = body_for(pool)
-            while lease := await self._registry.acquire(pool, tried, wait_s=self._queue_timeout):
+            while lease := await self._registry.acquire(
+                pool, tried, wait_s=self._queue_timeout, ticket=ticket
+            ):
                 tried.add(lease.target.url)
                 attempt(lease.target.url)
                 opened = await self._try(pool, lease, path, body, request_id, failures)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.routing.endpoints import EndpointRegistry
+from fleet_core.gateway.routing.signals import EngineSignals
 from fleet_core.gateway.routing.table import DiscoveredModel, RoutingTable, build_table
 
 __all__ = ["Router"]
@@ -46,8 +48,19 @@ class Router:
             for t in p.targets
         ]
 
+    def signals(self) -> list[tuple[str, str, float | None, int | None, int | None]]:
+        """(model, endpoint, KV usage, engine queue, KV capacity) of every endpoint whose
+        signals are fresh, for the gauges (stale ones are not published: routing ignores them)."""
+        return [
+            (p.name, t.url, found.kv_usage, found.waiting, found.kv_capacity_tokens)
+            for p in self.table.pools.values()
+            for t in p.targets
+            if (found := self.registry.fresh_signals(t.url)) is not None
+        ]
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        now = time.monotonic()
         for pool in self.table.pools.values():
             endpoints = []
             for target in pool.targets:
@@ -58,12 +71,27 @@ class Router:
                         "state": "ready" if state.ready else "down",
                         "reason": state.reason,
                         "inFlight": state.in_flight,
+                        "signals": _signals(state.signals, now),
                     }
                 )
             out[pool.name] = {
                 "engine": pool.engine,
                 "source": pool.source,
+                "routing": pool.routing,
                 "ready": any(e["state"] == "ready" for e in endpoints),
                 "endpoints": endpoints,
             }
         return out
+
+
+def _signals(signals: EngineSignals | None, now: float) -> dict[str, Any] | None:
+    """The engine's last scrape as ``/health`` shows it; None if it never answered one."""
+    if signals is None:
+        return None
+    return {
+        "ageSeconds": round(now - signals.at, 3),
+        "running": signals.running,
+        "waiting": signals.waiting,
+        "kvUsage": signals.kv_usage,
+        "kvCapacityTokens": signals.kv_capacity_tokens,
+    }

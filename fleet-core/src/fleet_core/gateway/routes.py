@@ -92,6 +92,7 @@ class _Endpoints:
                 request_id=request.state.request_id,
                 client_request_id=request.state.client_request_id,
                 received_at=received,
+                session=request.headers.get("x-session-id"),
             )
             return _Answer(self.service, exchange)
 

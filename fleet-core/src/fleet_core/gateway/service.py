@@ -26,8 +26,11 @@ from fleet_core.admission.budgets import Amounts
 from fleet_core.admission.keys import ANONYMOUS, Principal
 from fleet_core.admission.service import Admission, Reservation
 from fleet_core.errors import FleetError, UpstreamError
+from fleet_core.gateway.config import RoutingConfig
 from fleet_core.gateway.proxy import Opened, Proxy, engine_timeout
 from fleet_core.gateway.relay import Relay, StreamMeter
+from fleet_core.gateway.routing import affinity
+from fleet_core.gateway.routing.endpoints import Ticket
 from fleet_core.gateway.routing.table import Pool, RoutingTable
 from fleet_core.gateway.tokenizers import RegistryTokenizers, registry_id
 from fleet_core.gateway.wire import Kind, ParsedRequest, StreamChunk, prompt_text
@@ -61,6 +64,8 @@ class Exchange:
     received_at: float
     principal: Principal = ANONYMOUS
     client_request_id: str | None = None
+    affinity_key: str | None = None
+    """Session or prompt-prefix key, for pools routed by ``prefix_affinity``."""
     reservation: Reservation | None = None
     attempt: str | None = None
     """The endpoint the request was last sent to (before its answer is known)."""
@@ -114,8 +119,12 @@ class GatewayService:
         metrics: RequestMetrics,
         tokenizers: RegistryTokenizers | None = None,
         usage_grace_s: float = 2.0,
+        routing: RoutingConfig | None = None,
+        priority: Callable[[str], int] | None = None,
     ) -> None:
         self._table = table
+        self._routing = routing or RoutingConfig()
+        self._priority = priority or _equal
         self._proxy = proxy
         self._sink = sink
         self._admission = admission
@@ -147,17 +156,20 @@ class GatewayService:
         request_id: str,
         client_request_id: str | None,
         received_at: float,
+        session: str | None = None,
     ) -> Exchange:
         """Route the request and count its prompt; raises for an unknown model.
 
         ``request_id`` is the gateway's own (`logs.mint_request_id`): the ledger's key.
         ``client_request_id`` is the client's ``X-Request-Id``, kept beside it, never a key.
+        ``session`` is the client's ``X-Session-Id`` (affinity only; untrusted, bounded).
         """
         table = self._table()
         pool = table.resolve(request.model)
         counter = self.counter(pool)
         text, given_ids = prompt_text(request)
         prompt_tokens = counter.count(text) + given_ids
+        key = self._affinity_key(pool, request, session, text)
         return Exchange(
             request_id,
             request,
@@ -168,6 +180,26 @@ class GatewayService:
             received_at,
             principal,
             client_request_id,
+            key,
+        )
+
+    def _affinity_key(
+        self, pool: Pool, request: ParsedRequest, session: str | None, text: str
+    ) -> str | None:
+        if pool.routing != "prefix_affinity":
+            return None
+        routing = self._routing
+        user = request.body.get("user") if routing.session_from_user else None
+        chosen = session or (user if isinstance(user, str) else None)
+        return affinity.key_of(chosen[:256] if chosen else None, text, chars=routing.prefix_chars)
+
+    def _ticket(self, exchange: Exchange) -> Ticket:
+        tenant = exchange.principal.tenant
+        return Ticket(
+            tenant,
+            cost=float(exchange.prompt_tokens + self._completion_reserve(exchange.request)),
+            priority=self._priority(tenant),
+            key=exchange.affinity_key,
         )
 
     @contextlib.asynccontextmanager
@@ -203,13 +235,17 @@ class GatewayService:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout_s)
 
+    def _completion_reserve(self, request: ParsedRequest) -> int:
+        """Every sequence the request may generate, in full (what is reserved for it)."""
+        if request.kind == "embeddings":
+            return 0
+        most = request.max_tokens or self._admission.default_max_tokens
+        return most * request.sequences
+
     async def _admit(self, exchange: Exchange) -> None:
         """Reserve the request's worst case (P5): every sequence it may generate, in full."""
         request = exchange.request
-        completion = 0
-        if request.kind != "embeddings":
-            most = request.max_tokens or self._admission.default_max_tokens
-            completion = most * request.sequences
+        completion = self._completion_reserve(request)
         prompt = exchange.prompt_tokens
         rates = self._admission.rates(exchange.pool.name)
         units = rates.micro_units(fresh=prompt, cached=0, output=completion) if rates else 0
@@ -233,6 +269,7 @@ class GatewayService:
             body_for,
             request_id=exchange.request_id,
             on_attempt=attempt,
+            ticket=self._ticket(exchange),
         )
         return exchange.opened
 
@@ -345,6 +382,10 @@ class GatewayService:
             fresh=record.fresh_tokens, cached=record.cached_tokens, output=record.completion_tokens
         )
         return msgspec.structs.replace(record, units=units)
+
+
+def _equal(tenant: str) -> int:
+    return 1
 
 
 def _timeout(exchange: Exchange) -> UpstreamError:

@@ -28,10 +28,13 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from fleet_core.metering.records import UsageRecord
 
-__all__ = ["LATENCY_BUCKETS", "EndpointStates", "GatewayMetrics"]
+__all__ = ["LATENCY_BUCKETS", "EndpointSignals", "EndpointStates", "GatewayMetrics"]
 
 EndpointStates = Callable[[], Iterable[tuple[str, str, bool]]]
 """Returns ``(model, endpoint_url, ready)`` for every known endpoint, called at scrape time."""
+EndpointSignals = Callable[[], Iterable[tuple[str, str, float | None, int | None, int | None]]]
+"""Returns ``(model, endpoint_url, kv_usage, queue_depth, kv_capacity_tokens)`` per endpoint
+with fresh engine signals (None where the engine publishes no such figure)."""
 
 _SUB_SECOND = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75)
 _SECONDS = (1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0)
@@ -47,10 +50,16 @@ def _no_endpoints() -> Iterable[tuple[str, str, bool]]:
     return ()
 
 
+def _no_signals() -> Iterable[tuple[str, str, float | None, int | None, int | None]]:
+    return ()
+
+
 class GatewayMetrics:
     """Counters, gauges and histograms for one gateway, and their exposition."""
 
-    def __init__(self, *, endpoints: EndpointStates = _no_endpoints) -> None:
+    def __init__(
+        self, *, endpoints: EndpointStates = _no_endpoints, signals: EndpointSignals = _no_signals
+    ) -> None:
         self._registry = CollectorRegistry()
         registry = self._registry
         scope = ("tenant", "project", "model")
@@ -103,6 +112,7 @@ class GatewayMetrics:
             registry=registry,
         )
         registry.register(_EndpointReadiness(endpoints))
+        registry.register(_EngineSignals(signals))
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -210,6 +220,42 @@ class _EndpointReadiness:
         for labels, ready in states.items():
             family.add_metric(labels, 1.0 if ready else 0.0)
         return [family]
+
+
+_SIGNAL_FAMILIES = (
+    ("fleet_endpoint_kv_usage_ratio", "The engine's KV-cache occupancy, 0 to 1 (vLLM only)."),
+    (
+        "fleet_endpoint_queue_depth",
+        "Requests waiting inside the engine (vLLM waiting, llama.cpp deferred).",
+    ),
+    ("fleet_endpoint_kv_capacity_tokens", "The engine's KV-cache capacity in tokens (vLLM only)."),
+)
+
+
+class _EngineSignals:
+    """The engines' own load figures per endpoint, from the gateway's scrapes, where known."""
+
+    def __init__(self, signals: EndpointSignals) -> None:
+        self._signals = signals
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def _families(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(n, h, labels=("model", "endpoint")) for n, h in _SIGNAL_FAMILIES]
+
+    def collect(self) -> Iterable[Metric]:
+        families = self._families()
+        seen: set[tuple[str, str]] = set()
+        for model, url, *values in self._signals():
+            labels = (model, _public_url(url))
+            if labels in seen:
+                continue
+            seen.add(labels)
+            for family, value in zip(families, values, strict=True):
+                if value is not None:
+                    family.add_metric(labels, float(value))
+        return families
 
 
 def _readiness_family() -> GaugeMetricFamily:

@@ -22,7 +22,7 @@ from fleet_core.tenants.wire import Project, ProjectCreate, Tenant, TenantCreate
 
 __all__ = ["TenantStore", "TenantTransaction"]
 
-_TENANT = "id, name, request_limit, token_limit, active, created_at, updated_at"
+_TENANT = "id, name, request_limit, token_limit, active, created_at, updated_at, priority"
 _PROJECT = "id, tenant_id, name, request_limit, token_limit, active, created_at, updated_at"
 T = TypeVar("T")
 
@@ -60,9 +60,9 @@ class TenantTransaction:
         cursor = self._conn.cursor(row_factory=utc_row(Tenant))
         try:
             await cursor.execute(
-                "INSERT INTO tenants (id, name, request_limit, token_limit, active)"
-                f" VALUES (%s, %s, %s, %s, %s) RETURNING {_TENANT}",
-                (new.id, new.name, new.request_limit, new.token_limit, new.active),
+                "INSERT INTO tenants (id, name, request_limit, token_limit, active, priority)"
+                f" VALUES (%s, %s, %s, %s, %s, %s) RETURNING {_TENANT}",
+                (new.id, new.name, new.request_limit, new.token_limit, new.active, new.priority),
             )
         except psycopg.errors.UniqueViolation as exc:
             raise Conflict(f"tenant {new.id!r} already exists", code="already_exists") from exc
@@ -72,8 +72,15 @@ class TenantTransaction:
         cursor = self._conn.cursor(row_factory=utc_row(Tenant))
         await cursor.execute(
             "UPDATE tenants SET name = %s, request_limit = %s, token_limit = %s, active = %s,"
-            f" updated_at = now() WHERE id = %s RETURNING {_TENANT}",
-            (tenant.name, tenant.request_limit, tenant.token_limit, tenant.active, tenant.id),
+            f" priority = %s, updated_at = now() WHERE id = %s RETURNING {_TENANT}",
+            (
+                tenant.name,
+                tenant.request_limit,
+                tenant.token_limit,
+                tenant.active,
+                tenant.priority,
+                tenant.id,
+            ),
         )
         return _one(await cursor.fetchone())
 

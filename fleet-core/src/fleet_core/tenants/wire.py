@@ -29,6 +29,10 @@ Name = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\
 # (?![\s\S]), not $: in Python (which msgspec uses) $ also matches before a final newline
 RequestLimit = Annotated[int, Meta(ge=1, le=2**31 - 1, description="requests per minute")]
 TokenLimit = Annotated[int, Meta(ge=1, le=2**53 - 1, description="tokens per minute")]
+Priority = Annotated[
+    int,
+    Meta(ge=1, le=100, description="weight in the gateway's fair queue when endpoints are full"),
+]
 
 
 class TenantCreate(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -37,6 +41,7 @@ class TenantCreate(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     request_limit: RequestLimit | None = None
     token_limit: TokenLimit | None = None
     active: bool = True
+    priority: Priority = 1
 
 
 class TenantPatch(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -44,6 +49,7 @@ class TenantPatch(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     request_limit: RequestLimit | UnsetType | None = UNSET
     token_limit: TokenLimit | UnsetType | None = UNSET
     active: bool | UnsetType = UNSET
+    priority: Priority | UnsetType = UNSET
 
 
 class Tenant(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -54,6 +60,7 @@ class Tenant(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     active: bool
     created_at: datetime
     updated_at: datetime
+    priority: int = 1
 
 
 class ProjectCreate(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -1,8 +1,13 @@
-"""Runtime state of each endpoint: requests in flight, slots, and health. Keyed by URL.
+"""Runtime state of each endpoint: requests in flight, slots, health, engine signals. By URL.
 
 State outlives routing-table swaps: when discovery rebuilds the table, an endpoint that stays keeps
 its counters, and one that goes is simply dropped from the registry while requests already holding
 it finish normally.
+
+The decisions themselves are pure functions elsewhere (`selection`, `affinity`, `fairness`); this
+module feeds them the current state and keeps the waiting room: a request that finds every slot
+of its pool taken waits in a fair queue across tenants, and each freed slot is handed straight to
+the next waiter in that queue (so a newcomer cannot take it first).
 """
 
 from __future__ import annotations
@@ -15,10 +20,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from fleet_core.errors import RateLimited
-from fleet_core.gateway.routing.selection import Candidate, choose
+from fleet_core.gateway.routing import affinity
+from fleet_core.gateway.routing.fairness import FairQueue, Waiting
+from fleet_core.gateway.routing.selection import Candidate, Scoring, choose
+from fleet_core.gateway.routing.signals import EngineSignals
 from fleet_core.gateway.routing.table import Pool, Target
 
-__all__ = ["EndpointRegistry", "EndpointState", "Lease"]
+__all__ = ["ANY_TICKET", "EndpointRegistry", "EndpointState", "Lease", "Ticket"]
 
 log = logging.getLogger("fleet.gateway.endpoints")
 
@@ -30,6 +38,8 @@ class EndpointState:
     ready: bool = True
     reason: str = "not checked yet"
     consecutive_failures: int = 0
+    signals: EngineSignals | None = None
+    """The engine's last successful ``/metrics`` scrape, if any."""
 
     def mark(self, ready: bool, reason: str) -> None:
         if ready != self.ready:
@@ -65,19 +75,55 @@ class Lease:
             self.registry.notify()
 
 
-class EndpointRegistry:
-    """All endpoint states, plus the waiting room for requests that found every slot taken."""
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """What routing knows of a request: whose it is, what it may cost, what it is like."""
 
-    def __init__(self, *, eject_after: int, rng: random.Random | None = None) -> None:
+    tenant: str = "anonymous"
+    cost: float = 1.0
+    """Tokens it may take (prompt plus the reserved completion): its fair-queue weight."""
+    priority: int = 1
+    key: str | None = None
+    """Its affinity key (session or prompt prefix), for ``prefix_affinity`` pools."""
+
+
+ANY_TICKET = Ticket()
+
+
+@dataclass
+class _Waiter:
+    pool: Pool
+    tried: set[str]
+    ticket: Ticket
+    granted: asyncio.Future[Lease | None]
+
+
+class EndpointRegistry:
+    """All endpoint states, plus the fair waiting room for requests that found every slot taken."""
+
+    def __init__(
+        self,
+        *,
+        eject_after: int,
+        rng: random.Random | None = None,
+        scoring: Scoring | None = None,
+        signal_max_age: float = 10.0,
+        epsilon: float = 0.25,
+    ) -> None:
         self._states: dict[str, EndpointState] = {}
         self._eject_after = eject_after
         self._rng = rng or random.Random()
-        self._freed = asyncio.Event()
+        self._scoring = scoring or Scoring()
+        self._max_age = signal_max_age
+        self._epsilon = epsilon
+        self._rings: dict[tuple[str, ...], affinity.Ring] = {}
+        self._queue: FairQueue[_Waiter] = FairQueue()
 
     def sync(self, urls: Iterable[str]) -> None:
         """Track exactly ``urls`` from now on (called with every new routing table)."""
         wanted = set(urls)
         self._states = {u: self._states.get(u) or EndpointState(u) for u in sorted(wanted)}
+        self._rings.clear()
 
     def get(self, url: str) -> EndpointState:
         return self._states.setdefault(url, EndpointState(url))
@@ -85,47 +131,109 @@ class EndpointRegistry:
     def states(self) -> Sequence[EndpointState]:
         return list(self._states.values())
 
-    def notify(self) -> None:
-        self._freed.set()
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
 
-    def _candidates(self, pool: Pool, tried: set[str]) -> list[Candidate]:
-        out = []
-        for target in pool.targets:
-            if target.url in tried:
-                continue
-            state = self.get(target.url)
-            out.append(Candidate(state.ready, state.in_flight, target.slots))
-        return out
+    def fresh_signals(self, url: str) -> EngineSignals | None:
+        signals = self.get(url).signals
+        fresh = signals is not None and signals.fresh(time.monotonic(), max_age=self._max_age)
+        return signals if fresh else None
 
-    async def acquire(self, pool: Pool, tried: set[str], *, wait_s: float) -> Lease | None:
+    def _candidate(self, target: Target, now: float) -> Candidate:
+        state = self.get(target.url)
+        signals = state.signals
+        if signals is None or not signals.fresh(now, max_age=self._max_age):
+            return Candidate(state.ready, state.in_flight, target.slots)
+        return Candidate(
+            state.ready, state.in_flight, target.slots, signals.waiting, signals.kv_usage
+        )
+
+    def _ring(self, targets: Sequence[Target]) -> affinity.Ring:
+        urls = tuple(t.url for t in targets)
+        ring = self._rings.get(urls)
+        if ring is None:
+            ring = self._rings[urls] = affinity.build_ring(urls)
+        return ring
+
+    def _pick(self, pool: Pool, untried: list[Target], ticket: Ticket) -> int | None:
+        now = time.monotonic()
+        candidates = [self._candidate(t, now) for t in untried]
+        if pool.routing == "prefix_affinity" and ticket.key is not None:
+            pairs = list(zip(untried, candidates, strict=True))
+            open_ = {t.url: c.in_flight for t, c in pairs if c.has_room}
+            url = affinity.pick(self._ring(untried), ticket.key, open_, epsilon=self._epsilon)
+            return None if url is None else [t.url for t in untried].index(url)
+        return choose(candidates, self._rng, self._scoring)
+
+    def _try_lease(self, pool: Pool, tried: set[str], ticket: Ticket) -> Lease | None:
+        untried = [t for t in pool.targets if t.url not in tried]
+        index = self._pick(pool, untried, ticket)
+        if index is None:
+            return None
+        target = untried[index]
+        state = self.get(target.url)
+        state.in_flight += 1
+        return Lease(target, state, self)
+
+    def _any_ready(self, pool: Pool, tried: set[str]) -> bool:
+        return any(self.get(t.url).ready for t in pool.targets if t.url not in tried)
+
+    async def acquire(
+        self, pool: Pool, tried: set[str], *, wait_s: float, ticket: Ticket = ANY_TICKET
+    ) -> Lease | None:
         """A lease on the best untried ready endpoint of ``pool``; None when none is left.
 
-        When every ready endpoint is at its slot limit, wait up to ``wait_s`` for one to free,
-        then refuse with 429: the engine is saturated and a retry later is the honest answer.
+        When every ready endpoint is at its slot limit, wait (fairly, across tenants) up to
+        ``wait_s`` for a slot, then refuse with 429: the engine is saturated and a retry later
+        is the honest answer.
         """
-        deadline = time.monotonic() + wait_s
-        untried = [t for t in pool.targets if t.url not in tried]
-        while True:
-            index = choose(self._candidates(pool, tried), self._rng)
-            if index is not None:
-                target = untried[index]
-                state = self.get(target.url)
-                state.in_flight += 1
-                return Lease(target, state, self)
-            if not any(self.get(t.url).ready for t in untried):
-                return None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RateLimited(
-                    f"every endpoint of {pool.name!r} is at its slot limit; retry shortly",
-                    retry_after=1,
-                    code="engine_overloaded",
-                )
-            self._freed.clear()
-            try:
-                await asyncio.wait_for(self._freed.wait(), remaining)
-            except TimeoutError:
+        lease = self._try_lease(pool, tried, ticket)
+        if lease is not None or not self._any_ready(pool, tried):
+            return lease
+        granted: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
+        entry = self._queue.push(
+            ticket.tenant,
+            _Waiter(pool, tried, ticket, granted),
+            cost=ticket.cost,
+            priority=ticket.priority,
+        )
+        try:
+            await asyncio.wait((granted,), timeout=wait_s)
+        except asyncio.CancelledError:  # the client left while waiting
+            self._queue.cancel(entry)
+            if granted.done() and (won := granted.result()) is not None:
+                won.release()  # granted as it was cancelled: the slot must not leak
+            raise
+        self._queue.cancel(entry)  # a no-op when it was served
+        if granted.done():
+            return granted.result()
+        raise RateLimited(
+            f"every endpoint of {pool.name!r} is at its slot limit; retry shortly",
+            retry_after=1,
+            code="engine_overloaded",
+        )
+
+    def notify(self) -> None:
+        """A slot freed (or an endpoint came back): hand slots to waiters in fair order."""
+        if not len(self._queue):
+            return
+        held: list[Waiting[_Waiter]] = []
+        full: set[tuple[str, frozenset[str]]] = set()
+        while (entry := self._queue.pop()) is not None:
+            waiter = entry.item
+            # Whether a pool has room does not depend on the waiter: one refusal per round.
+            shape = (waiter.pool.name, frozenset(waiter.tried))
+            lease = (
+                None if shape in full else self._try_lease(waiter.pool, waiter.tried, waiter.ticket)
+            )
+            if lease is None and self._any_ready(waiter.pool, waiter.tried):
+                full.add(shape)
+                held.append(entry)
                 continue
+            self._queue.served(entry)
+            waiter.granted.set_result(lease)
+        self._queue.putback(held)
 
     def record_success(self, state: EndpointState) -> None:
         state.consecutive_failures = 0

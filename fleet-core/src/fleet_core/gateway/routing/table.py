@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fleet_core.errors import InvalidRequest, ModelNotFound
-from fleet_core.gateway.config import EngineKind, GatewayConfig
+from fleet_core.gateway.config import EngineKind, GatewayConfig, RoutingPolicy
 
 __all__ = ["DiscoveredModel", "Pool", "RoutingTable", "Target", "build_table"]
 
@@ -38,6 +38,7 @@ class Pool:
     fallbacks: tuple[str, ...] = ()  # names of other pools, tried in order
     tokenizer: str | None = None
     source: str = "config"
+    routing: RoutingPolicy = "least_load"
 
     @property
     def engine(self) -> EngineKind:
@@ -93,8 +94,9 @@ class _PoolDraft:
     fallbacks: list[str] = field(default_factory=list)
     tokenizer: str | None = None
     source: str = "config"
+    routing: RoutingPolicy | None = None
 
-    def freeze(self, name: str) -> Pool:
+    def freeze(self, name: str, default_routing: RoutingPolicy) -> Pool:
         return Pool(
             name=name,
             targets=tuple(self.targets),
@@ -102,6 +104,7 @@ class _PoolDraft:
             fallbacks=tuple(f for f in dict.fromkeys(self.fallbacks) if f != name),
             tokenizer=self.tokenizer,
             source=self.source,
+            routing=self.routing or default_routing,
         )
 
 
@@ -119,13 +122,14 @@ def build_table(
         draft.aliases += up.aliases
         draft.fallbacks += [id_to_model[f] for f in up.fallbacks]
         draft.tokenizer = draft.tokenizer or up.tokenizer
+        draft.routing = draft.routing or up.routing
     for model in discovered:
         draft = drafts.setdefault(model.name, _PoolDraft(source="discovery"))
         known = {t.url for t in draft.targets}
         draft.targets += [
             Target(u, model.engine, "discovered", engine_key) for u in model.urls if u not in known
         ]
-    pools = {name: draft.freeze(name) for name, draft in drafts.items()}
+    pools = {name: draft.freeze(name, config.routing.policy) for name, draft in drafts.items()}
     names = {name: name for name in pools}
     for pool in pools.values():
         for alias in pool.aliases:
