@@ -23,7 +23,7 @@ def test_chat_prompt_counts_words_of_string_content_and_text_parts_only() -> Non
         ),
         ChatMessage(role="assistant", content=None),
     ]
-    assert replies.chat_prompt(messages) == replies.Prompt(5, cached=False)
+    assert replies.chat_prompt(messages) == replies.Prompt(5, False, "be brief\none two three")
 
 
 def test_cached_is_a_whole_word_match() -> None:

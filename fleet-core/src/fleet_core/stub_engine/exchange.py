@@ -26,11 +26,14 @@ _JSON = b"application/json"
 class Exchange(Response):
     """Plays a prepared `Stream` or `Whole` with the engine's slots, delays and faults."""
 
-    def __init__(self, engine: Engine, work: Stream | Whole, *, prompt_tokens: int) -> None:
+    def __init__(
+        self, engine: Engine, work: Stream | Whole, *, prompt_tokens: int, prompt_head: str = ""
+    ) -> None:
         # Response.__init__ is not called: this response renders itself in __call__.
         self.engine = engine
         self.work = work
         self.prompt_tokens = prompt_tokens
+        self.prompt_head = prompt_head
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         stats = self.engine.stats
@@ -64,8 +67,8 @@ class Exchange(Response):
     async def _play(self, send: Send) -> bool:
         """Send the response; False when the injected fault cut it."""
         async with self.engine.sequence(self.prompt_tokens):
-            if self.engine.latency:
-                await asyncio.sleep(self.engine.latency)
+            if delay := self.engine.prefill_delay(self.prompt_head):
+                await asyncio.sleep(delay)
             if isinstance(self.work, Whole):
                 await self._whole(self.work, send)
                 return True

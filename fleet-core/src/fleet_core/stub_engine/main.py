@@ -35,6 +35,10 @@ _TUNABLES: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("--max-num-seqs", int, "requests generating at once; more wait"),
     ("--max-model-len", int, "context length advertised in /v1/models"),
     ("--embedding-dim", int, "length of embedding vectors"),
+    ("--kv-capacity-tokens", int, "KV-cache size in tokens (occupancy follows the load)"),
+    ("--kv-baseline", float, "KV occupancy 0-1 held regardless of load (scripted pressure)"),
+    ("--prefix-cache-chars", int, "model a prefix cache keyed on this many prompt characters"),
+    ("--prefix-hit-latency-ms", float, "delay before a response whose prefix is cached"),
 )
 
 

@@ -2,9 +2,10 @@
 
 A router scrapes these series to pick engines, so the stub exposes the names the real engine
 exposes and nothing it lacks: vLLM's running/waiting gauges, KV-cache usage (under both its old
-``gpu_cache_usage_perc`` and new ``kv_cache_usage_perc`` names) and token counters, labelled
-``model_name``; llama-server's unlabelled processing/deferred gauges and token counters, with no
-occupancy series at all. Each app gets its own registry; nothing is registered globally.
+``gpu_cache_usage_perc`` and new ``kv_cache_usage_perc`` names), ``cache_config_info`` (KV
+blocks and block size) and token counters, labelled ``model_name``; llama-server's unlabelled
+processing/deferred gauges and token counters, with no occupancy series at all. Each app gets
+its own registry; nothing is registered globally.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from fleet_core.stub_engine.engine import Engine
 
-__all__ = ["registry"]
+__all__ = ["BLOCK_SIZE", "registry"]
+
+BLOCK_SIZE = 16
+"""Tokens per KV block, vLLM's default on GPUs."""
 
 
 def registry(engine: Engine) -> CollectorRegistry:
@@ -33,14 +37,25 @@ class _Vllm(Collector):
         self.labels = [engine.settings.model]
 
     def collect(self) -> Iterator[Metric]:
-        stats, seqs = self.engine.stats, self.engine.settings.max_num_seqs
-        kv = min(1.0, stats.running / seqs)
+        stats, kv = self.engine.stats, self.engine.kv_usage
         yield self._gauge("num_requests_running", "Requests generating.", stats.running)
         yield self._gauge("num_requests_waiting", "Requests waiting for a slot.", stats.waiting)
         yield self._gauge("gpu_cache_usage_perc", "KV-cache usage, 1 = full (old name).", kv)
         yield self._gauge("kv_cache_usage_perc", "KV-cache usage, 1 = full.", kv)
         yield self._counter("prompt_tokens", "Prefill tokens processed.", stats.prompt_tokens)
         yield self._counter("generation_tokens", "Tokens generated.", stats.tokens_generated)
+        yield self._cache_config()
+
+    def _cache_config(self) -> Metric:
+        """vLLM's ``cache_config_info``: a constant 1 whose labels carry the KV geometry."""
+        blocks = self.engine.kv_capacity // BLOCK_SIZE
+        family = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig.",
+            labels=["block_size", "num_gpu_blocks"],
+        )
+        family.add_metric([str(BLOCK_SIZE), str(blocks)], 1.0)
+        return family
 
     def _gauge(self, name: str, doc: str, value: float) -> Metric:
         family = GaugeMetricFamily(f"vllm:{name}", doc, labels=["model_name"])

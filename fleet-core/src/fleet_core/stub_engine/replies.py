@@ -30,12 +30,16 @@ __all__ = [
 ]
 
 _CACHED = re.compile(r"\bcached\b", re.IGNORECASE)
+HEAD_CHARS = 65536
+"""The most of a prompt a modelled prefix cache can key on."""
 
 
 class Prompt(NamedTuple):
     tokens: int
     cached: bool
     """The prompt mentions the word "cached": pretend half of it hit the prefix cache."""
+    head: str = ""
+    """The prompt's text, its first `HEAD_CHARS` characters: what a modelled prefix cache keys."""
 
 
 class Answer(NamedTuple):
@@ -52,14 +56,15 @@ def reply_tokens(reply: str) -> tuple[str, ...]:
 
 def text_prompt(texts: Iterable[str | int | list[int]]) -> Prompt:
     """Token count of a completion prompt or embedding input: words of text, length of id lists."""
-    tokens, cached = 0, False
+    tokens, cached, parts = 0, False, []
     for item in texts:
         if isinstance(item, str):
             tokens += len(item.split())
             cached = cached or _CACHED.search(item) is not None
+            parts.append(item)
         else:
             tokens += len(item) if isinstance(item, list) else 1
-    return Prompt(tokens, cached)
+    return Prompt(tokens, cached, "\n".join(parts)[:HEAD_CHARS])
 
 
 def chat_prompt(messages: Sequence[ChatMessage]) -> Prompt:

@@ -71,7 +71,9 @@ class Routes:
         return Response(ENCODER.encode(self.engine.stats.snapshot()), media_type=_JSON)
 
     def _exchange(self, job: Job) -> Exchange:
-        return Exchange(self.engine, job.work, prompt_tokens=job.prompt_tokens)
+        return Exchange(
+            self.engine, job.work, prompt_tokens=job.prompt_tokens, prompt_head=job.prompt_head
+        )
 
 
 def _card(engine: Engine) -> ModelCard:

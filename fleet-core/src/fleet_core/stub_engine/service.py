@@ -33,6 +33,7 @@ __all__ = ["Job", "Mode", "Service"]
 class Job(NamedTuple):
     work: Stream | Whole
     prompt_tokens: int
+    prompt_head: str = ""
 
 
 class Mode(NamedTuple):
@@ -103,12 +104,12 @@ class Service:
             wanted = usage if mode.include_usage else None
             tokens, tokens_json = engine.reply[:n], engine.reply_json[:n]
             work = build(head, tokens, tokens_json=tokens_json, finish=finish, usage=wanted)
-            return Job(work, prompt.tokens)
+            return Job(work, prompt.tokens, prompt.head)
         if self.settings.fail_after_tokens is not None:
             raise engine.fail()
         whole = frames.chat if chat else frames.completion
         text = "".join(engine.reply[:n])
-        return Job(whole(head, text, finish=finish, usage=usage), prompt.tokens)
+        return Job(whole(head, text, finish=finish, usage=usage), prompt.tokens, prompt.head)
 
 
 def _single_prompt(prompt: Prompt) -> str | list[int]:

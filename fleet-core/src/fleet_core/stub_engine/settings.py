@@ -53,6 +53,20 @@ class StubSettings(msgspec.Struct, frozen=True, kw_only=True):
     embedding_dim: int = 8
     """Length of the deterministic embedding vectors."""
 
+    kv_capacity_tokens: int | None = None
+    """KV-cache size in tokens: occupancy is then the prompt and reply tokens of running
+    requests over it. ``None``: occupancy is running requests over ``max_num_seqs``."""
+
+    kv_baseline: float = 0.0
+    """KV occupancy (0–1) held by nothing the stub serves, added to its own: scripted pressure."""
+
+    prefix_cache_chars: int = 0
+    """Model a prefix cache: a prompt whose first N characters were seen recently is a hit and
+    starts after ``prefix_hit_latency_ms`` instead of ``latency_ms``. 0 disables it."""
+
+    prefix_hit_latency_ms: float = 0.0
+    """Delay before a response starts when its prompt prefix is cached."""
+
     def __post_init__(self) -> None:
         problem = _problem(self)
         if problem is not None:
@@ -72,4 +86,14 @@ def _problem(settings: StubSettings) -> str | None:
         return "reply must contain at least one word"
     if settings.max_num_seqs < 1 or settings.max_model_len < 1 or settings.embedding_dim < 1:
         return "max_num_seqs, max_model_len and embedding_dim must be >= 1"
+    return _cache_problem(settings)
+
+
+def _cache_problem(settings: StubSettings) -> str | None:
+    if settings.kv_capacity_tokens is not None and settings.kv_capacity_tokens < 16:
+        return "kv_capacity_tokens must be >= 16 (one block), or unset"
+    if not 0.0 <= settings.kv_baseline <= 1.0:
+        return "kv_baseline must be between 0 and 1"
+    if settings.prefix_cache_chars < 0 or settings.prefix_hit_latency_ms < 0:
+        return "prefix_cache_chars and prefix_hit_latency_ms must be >= 0"
     return None

@@ -226,6 +226,9 @@ class StatsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     running: int
     waiting: int
+    kv_tokens: int = 0
+    prefix_hits: int = 0
+    prefix_misses: int = 0
 
 
 ENCODER = msgspec.json.Encoder()
