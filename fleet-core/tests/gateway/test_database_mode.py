@@ -475,3 +475,27 @@ async def test_the_ledger_key_is_the_gateways_not_the_clients(start_fleet: Fleet
         return bool(budgets.unrolled(acme_rule) == 0)
 
     await until(rolled_up, within_s=5.0)
+
+
+async def test_a_tenants_priority_reaches_the_gateways_fair_queue(
+    start_fleet: FleetFactory,
+) -> None:
+    """Migration 0014: ``priority`` is a tenant field the control plane validates and the
+    gateway's catalog carries to its fair queue (the tenant's weight when slots are full)."""
+    fleet = await start_fleet()
+    tenant = await fleet.call({"_method": "GET", "_path": "/api/v1/tenants/acme"}, status=200)
+    assert tenant["priority"] == 1
+    refused = await fleet.call(
+        {"_method": "PATCH", "_path": "/api/v1/tenants/acme", "priority": 0}, status=400
+    )
+    assert refused["error"]["param"] == "priority"
+    patched = await fleet.call(
+        {"_method": "PATCH", "_path": "/api/v1/tenants/acme", "priority": 7}, status=200
+    )
+    assert patched["priority"] == 7
+    directory = fleet.gateway.app.state.database.directory
+
+    async def seen() -> bool:
+        return bool(directory.catalog.tenants["acme"].priority == 7)
+
+    await until(seen, within_s=CHANGE_DEADLINE_S)
