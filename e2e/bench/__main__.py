@@ -1,7 +1,8 @@
 """Run every benchmark and write docs/benchmarks.md (``make bench``).
 
-``FLEET_BENCH_ONLY=gateway``, ``=admission``, ``=ledger``, ``=database``, ``=pull``, ``=costs``
-or ``=operator`` runs one section (the other sections of docs/benchmarks.md are kept as they were).
+``FLEET_BENCH_ONLY=gateway``, ``=admission``, ``=ledger``, ``=database``, ``=pull``, ``=costs``,
+``=operator`` or ``=routing`` runs one section (the other sections of docs/benchmarks.md are
+kept as they were).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from bench import (
     ledger_bench,
     operator_bench,
     pull_bench,
+    routing_bench,
 )
 
 
@@ -36,6 +38,8 @@ def main() -> None:
         sections.append(costs_bench.report(costs_bench.run()))
     if only in ("", "operator"):
         sections.append(operator_bench.report(operator_bench.run()))
+    if only in ("", "routing"):
+        sections.append(routing_bench.report(routing_bench.run()))
     gateway_bench.write_report(sections)
 
 

@@ -18,10 +18,7 @@ from fleet_core.stub_engine.errors import EngineFailure
 from fleet_core.stub_engine.settings import StubSettings
 from fleet_core.stub_engine.wire import ENCODER, StatsSnapshot
 
-__all__ = ["PREFIX_CACHE_ENTRIES", "Engine", "Stats"]
-
-PREFIX_CACHE_ENTRIES = 256
-"""Prefixes a stub's modelled prefix cache holds, least recently used evicted first."""
+__all__ = ["Engine", "Stats"]
 
 
 class Stats:
@@ -29,6 +26,7 @@ class Stats:
 
     __slots__ = (
         "kv_tokens",
+        "peak_running",
         "prefix_hits",
         "prefix_misses",
         "prompt_tokens",
@@ -51,6 +49,7 @@ class Stats:
         self.running = 0
         self.waiting = 0
         self.kv_tokens = 0
+        self.peak_running = 0
         self.prefix_hits = 0
         self.prefix_misses = 0
 
@@ -98,7 +97,7 @@ class Engine:
             self.stats.prefix_hits += 1
             return self.hit_latency
         self._prefixes[key] = None
-        if len(self._prefixes) > PREFIX_CACHE_ENTRIES:
+        if len(self._prefixes) > self.settings.prefix_cache_entries:
             self._prefixes.popitem(last=False)
         self.stats.prefix_misses += 1
         return self.latency
@@ -115,6 +114,7 @@ class Engine:
             stats.waiting -= 1
         held = prompt_tokens + len(self.reply)
         stats.running += 1
+        stats.peak_running = max(stats.peak_running, stats.running)
         stats.kv_tokens += held
         stats.prompt_tokens += prompt_tokens
         try:

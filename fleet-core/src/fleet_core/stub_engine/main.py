@@ -39,6 +39,7 @@ _TUNABLES: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("--kv-baseline", float, "KV occupancy 0-1 held regardless of load (scripted pressure)"),
     ("--prefix-cache-chars", int, "model a prefix cache keyed on this many prompt characters"),
     ("--prefix-hit-latency-ms", float, "delay before a response whose prefix is cached"),
+    ("--prefix-cache-entries", int, "prefixes the modelled cache holds (LRU)"),
 )
 
 

@@ -67,6 +67,10 @@ class StubSettings(msgspec.Struct, frozen=True, kw_only=True):
     prefix_hit_latency_ms: float = 0.0
     """Delay before a response starts when its prompt prefix is cached."""
 
+    prefix_cache_entries: int = 256
+    """Prefixes the modelled cache holds, least recently used evicted first (a real engine's
+    is bounded by its KV cache)."""
+
     def __post_init__(self) -> None:
         problem = _problem(self)
         if problem is not None:
@@ -96,4 +100,6 @@ def _cache_problem(settings: StubSettings) -> str | None:
         return "kv_baseline must be between 0 and 1"
     if settings.prefix_cache_chars < 0 or settings.prefix_hit_latency_ms < 0:
         return "prefix_cache_chars and prefix_hit_latency_ms must be >= 0"
+    if settings.prefix_cache_entries < 1:
+        return "prefix_cache_entries must be >= 1"
     return None

@@ -227,6 +227,7 @@ class StatsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     running: int
     waiting: int
     kv_tokens: int = 0
+    peak_running: int = 0
     prefix_hits: int = 0
     prefix_misses: int = 0
 
