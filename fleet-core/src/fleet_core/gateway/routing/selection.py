@@ -9,6 +9,7 @@ decides freshness) so it can be tested on tables of endpoint states.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,9 +59,17 @@ def choose(
     candidates: Sequence[Candidate], rng: random.Random, scoring: Scoring = DEFAULT_SCORING
 ) -> int | None:
     """Index of the ready candidate with a free slot and the lowest score; None if none."""
-    open_ = [i for i, c in enumerate(candidates) if c.has_room]
-    if not open_:
-        return None
-    scores = {i: score(candidates[i], scoring) for i in open_}
-    least = min(scores.values())
-    return rng.choice([i for i in open_ if scores[i] == least])
+    best, picks = math.inf, []
+    for index, candidate in enumerate(candidates):
+        if not candidate.has_room:
+            continue
+        # Without signals the score is the in-flight count: skip the call on the hot path.
+        plain = candidate.waiting is None and candidate.kv_usage is None
+        value = candidate.in_flight if plain else score(candidate, scoring)
+        if value < best:
+            best, picks = value, [index]
+        elif value == best:
+            picks.append(index)
+    if len(picks) < 2:
+        return picks[0] if picks else None
+    return rng.choice(picks)
