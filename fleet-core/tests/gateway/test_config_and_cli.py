@@ -66,6 +66,9 @@ def test_a_good_file_loads(tmp_path: Path) -> None:
         (("id: llama-3b", "id: qwen-7b"), "id is used twice"),
         (("aliases: [qwen]", "aliases: [llama-3b]"), "alias 'llama-3b'"),
         (("listen:", "listen: [1, 2]\nx:"), "$.listen"),
+        (("slots: 64", "slots: 64\n    routing: fastest"), "upstreams[0].routing"),
+        (("listen:", "routing: {kv_threshold: 1.5}\nlisten:"), "$.routing.kv_threshold"),
+        (("listen:", "tenants: {acme: {priority: 0}}\nlisten:"), "$.tenants[...].priority"),
     ],
 )
 def test_a_bad_file_is_one_line_naming_the_key(

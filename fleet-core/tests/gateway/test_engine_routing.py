@@ -11,6 +11,10 @@ from typing import Any
 
 import httpx
 import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.routing.endpoints import EndpointRegistry, Ticket
@@ -248,3 +252,23 @@ async def test_priority_weights_the_share(
 
 def _queued(gw: Any) -> int:
     return int(gw.app.state.router.registry.waiting)
+
+
+async def test_a_failing_scrape_is_not_a_failed_health_check(
+    start_gateway: GatewayFactory, serve_app: Any
+) -> None:
+    async def health(request: Request) -> Response:
+        return Response("")
+
+    async def metrics(request: Request) -> Response:
+        return Response("broken", status_code=500)
+
+    url = await serve_app(Starlette(routes=[Route("/health", health), Route("/metrics", metrics)]))
+    gw = await start_gateway(
+        {"health": FAST_HEALTH, "upstreams": [{"id": "x", "model": "m", "base_url": url}]}
+    )
+    async with httpx.AsyncClient(timeout=10) as http:
+        await asyncio.sleep(0.5)  # several rounds of checks and scrapes
+        endpoint = (await http.get(f"{gw.url}/health")).json()["upstreams"]["m"]["endpoints"][0]
+    assert endpoint["state"] == "ready"
+    assert endpoint["signals"] is None
