@@ -72,10 +72,14 @@ class HealthChecker:
             ) as response:
                 if response.status != 200:
                     return
-                raw = await response.content.read(signals.MAX_METRICS_BYTES)
+                raw = bytearray()
+                async for chunk in response.content.iter_chunked(1 << 16):
+                    raw += chunk
+                    if len(raw) >= signals.MAX_METRICS_BYTES:
+                        break  # bounded: what is past the limit is not read
         except (aiohttp.ClientError, TimeoutError):
             return
-        text = raw.decode("utf-8", "replace")
+        text = raw[: signals.MAX_METRICS_BYTES].decode("utf-8", "replace")
         found = signals.parse_metrics(target.engine, text, at=time.monotonic())
         self._registry.get(target.url).signals = found
 

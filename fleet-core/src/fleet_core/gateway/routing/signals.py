@@ -70,9 +70,23 @@ class _Reading:
         return next((self.values[n] for n in names if n in self.values), None)
 
 
+_WANTED = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:cache_config_info",
+    "llamacpp:requests_processing",
+    "llamacpp:requests_deferred",
+)
+
+
 def _read(text: str) -> _Reading:
+    # A vLLM exposition is mostly histograms (100+ KB): only the wanted samples are parsed, so a
+    # scrape costs the event loop a line scan, not a full parse.
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED))
     reading = _Reading()
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(wanted):
         for sample in family.samples:
             if sample.name == "vllm:cache_config_info":
                 reading.capacity = _capacity(sample.labels) or reading.capacity
