@@ -11,11 +11,13 @@ from typing import Any
 
 import httpx
 import msgspec
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from fleet_core.errors import RateLimited
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.routing.endpoints import EndpointRegistry, Ticket
 from fleet_core.gateway.routing.signals import EngineSignals
@@ -272,3 +274,42 @@ async def test_a_failing_scrape_is_not_a_failed_health_check(
         endpoint = (await http.get(f"{gw.url}/health")).json()["upstreams"]["m"]["endpoints"][0]
     assert endpoint["state"] == "ready"
     assert endpoint["signals"] is None
+
+
+def _one_slot_pool() -> tuple[EndpointRegistry, Any]:
+    upstream = {"id": "x", "model": "m", "base_url": "http://a:1", "slots": 1}
+    pool = build_table(_config({"upstreams": [upstream]})).pools["m"]
+    registry = EndpointRegistry(eject_after=3)
+    registry.sync(t.url for t in pool.targets)
+    return registry, pool
+
+
+async def test_a_waiter_cancelled_as_its_slot_arrives_does_not_leak_it() -> None:
+    registry, pool = _one_slot_pool()
+    held = await registry.acquire(pool, set(), wait_s=1)
+    assert held is not None
+    waiter = asyncio.create_task(registry.acquire(pool, set(), wait_s=5))
+    await asyncio.sleep(0)  # it queues
+    assert registry.waiting == 1
+    held.release()  # hands the slot to the waiter...
+    waiter.cancel()  # ...which is cancelled before it runs
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    state = registry.get("http://a:1")
+    assert (state.in_flight, registry.waiting) == (0, 0)
+    again = await registry.acquire(pool, set(), wait_s=0)
+    assert again is not None
+
+
+async def test_a_freed_slot_goes_to_the_queue_not_to_a_newcomer() -> None:
+    registry, pool = _one_slot_pool()
+    held = await registry.acquire(pool, set(), wait_s=1)
+    assert held is not None
+    waiter = asyncio.create_task(registry.acquire(pool, set(), wait_s=5, ticket=Ticket("b")))
+    await asyncio.sleep(0)
+    held.release()
+    with pytest.raises(RateLimited):  # the slot already belongs to the waiter
+        await registry.acquire(pool, set(), wait_s=0, ticket=Ticket("newcomer"))
+    lease = await waiter
+    assert lease is not None
+    assert registry.get("http://a:1").in_flight == 1

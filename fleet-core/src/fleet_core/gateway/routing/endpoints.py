@@ -117,7 +117,7 @@ class EndpointRegistry:
         self._max_age = signal_max_age
         self._epsilon = epsilon
         self._rings: dict[tuple[str, ...], affinity.Ring] = {}
-        self._queue: FairQueue[_Waiter] = FairQueue()
+        self._queues: dict[str, FairQueue[_Waiter]] = {}  # by pool: waiters compete for it
 
     def sync(self, urls: Iterable[str]) -> None:
         """Track exactly ``urls`` from now on (called with every new routing table)."""
@@ -133,7 +133,7 @@ class EndpointRegistry:
 
     @property
     def waiting(self) -> int:
-        return len(self._queue)
+        return sum(len(queue) for queue in self._queues.values())
 
     def fresh_signals(self, url: str) -> EngineSignals | None:
         signals = self.get(url).signals
@@ -192,7 +192,8 @@ class EndpointRegistry:
         if lease is not None or not self._any_ready(pool, tried):
             return lease
         granted: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
-        entry = self._queue.push(
+        queue = self._queues.setdefault(pool.name, FairQueue())
+        entry = queue.push(
             ticket.tenant,
             _Waiter(pool, tried, ticket, granted),
             cost=ticket.cost,
@@ -201,11 +202,11 @@ class EndpointRegistry:
         try:
             await asyncio.wait((granted,), timeout=wait_s)
         except asyncio.CancelledError:  # the client left while waiting
-            self._queue.cancel(entry)
+            queue.cancel(entry)
             if granted.done() and (won := granted.result()) is not None:
                 won.release()  # granted as it was cancelled: the slot must not leak
             raise
-        self._queue.cancel(entry)  # a no-op when it was served
+        queue.cancel(entry)  # a no-op when it was served
         if granted.done():
             return granted.result()
         raise RateLimited(
@@ -216,24 +217,23 @@ class EndpointRegistry:
 
     def notify(self) -> None:
         """A slot freed (or an endpoint came back): hand slots to waiters in fair order."""
-        if not len(self._queue):
-            return
+        for queue in self._queues.values():
+            if len(queue):
+                self._dispatch(queue)
+
+    def _dispatch(self, queue: FairQueue[_Waiter]) -> None:
         held: list[Waiting[_Waiter]] = []
-        full: set[tuple[str, frozenset[str]]] = set()
-        while (entry := self._queue.pop()) is not None:
+        while (entry := queue.pop()) is not None:
             waiter = entry.item
-            # Whether a pool has room does not depend on the waiter: one refusal per round.
-            shape = (waiter.pool.name, frozenset(waiter.tried))
-            lease = (
-                None if shape in full else self._try_lease(waiter.pool, waiter.tried, waiter.ticket)
-            )
+            lease = self._try_lease(waiter.pool, waiter.tried, waiter.ticket)
             if lease is None and self._any_ready(waiter.pool, waiter.tried):
-                full.add(shape)
                 held.append(entry)
-                continue
-            self._queue.served(entry)
+                if not waiter.tried:
+                    break  # no room in the pool at all: nobody behind can be served either
+                continue  # it excluded endpoints it tried; one behind it may fit elsewhere
+            queue.served(entry)
             waiter.granted.set_result(lease)
-        self._queue.putback(held)
+        queue.putback(held)
 
     def record_success(self, state: EndpointState) -> None:
         state.consecutive_failures = 0
