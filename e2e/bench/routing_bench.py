@@ -82,10 +82,14 @@ async def closed_loop(url: str, make: Any, seconds: float, concurrency: int) -> 
         rng = random.Random(seed)
         while time.monotonic() < end:
             started = time.monotonic()
-            async with session.post(url + "/v1/chat/completions", json=make(rng)) as response:
-                await response.read()
-                if response.status == 200:
-                    latencies.append((time.monotonic() - started) * 1000)
+            try:
+                async with session.post(url + "/v1/chat/completions", json=make(rng)) as response:
+                    await response.read()
+                    if response.status == 200:
+                        latencies.append((time.monotonic() - started) * 1000)
+            except aiohttp.ClientError as exc:  # counted out, not fatal: say so and go on
+                print(f"bench: routing request failed: {exc}", file=sys.stderr)
+                await asyncio.sleep(0.1)
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await asyncio.gather(*(client(session, i) for i in range(concurrency)))
