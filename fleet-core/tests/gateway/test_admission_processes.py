@@ -120,8 +120,14 @@ async def test_two_gateways_share_one_limit_exactly(gateways: Gateways) -> None:
         gateways(2, FLEET_RATE_TENANTS="acme|rpm=50,tpm=100000") as urls,
         burst_client() as http,
     ):
+        started = asyncio.get_running_loop().time()
         statuses = await asyncio.gather(*(chat(http, urls[i % 2], 5) for i in range(200)))
-    assert Counter(statuses) == {200: 50, 429: 150}
+        elapsed = asyncio.get_running_loop().time() - started
+    counts = Counter(statuses)
+    assert set(counts) == {200, 429}
+    # The bucket refills 50/60 per second while the burst runs: on a loaded machine a burst
+    # lasting more than 1.2 s may fairly serve a 51st (seen in a full run at load 10).
+    assert 50 <= counts[200] <= 50 + int(elapsed * 50 / 60)
 
 
 async def test_spend_never_passes_the_token_limit(gateways: Gateways) -> None:
