@@ -14,6 +14,7 @@ from fleet_core.admission.keys import KeyRing, parse_keys
 from fleet_core.admission.policy import RatePolicy, parse_policy
 from fleet_core.admission.service import OnStoreError
 from fleet_core.auth.tokens import secret_from_env
+from fleet_core.console.settings import ConsoleSettings, console_from_env
 from fleet_core.errors import ConfigError
 from fleet_core.gateway.config import GatewayConfig
 
@@ -101,6 +102,8 @@ class GatewaySettings:
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     database: DatabaseModeSettings | None = None
     """Set: database mode; None: environment mode (FLEET_API_KEYS, FLEET_RATE_*)."""
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)
+    """The operator console at ``/``: its built files and the control plane it calls."""
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -214,4 +217,5 @@ def from_env(env: Mapping[str, str], config: GatewayConfig) -> GatewaySettings:
             access=_choice(env, "FLEET_ACCESS_LOG", "true", ("true", "false")) == "true",
         ),
         admission=admission_from_env(env, database_mode=database is not None),
+        console=console_from_env(env),
     )

@@ -32,6 +32,8 @@ from fleet_core.admission.directory import BudgetRule, CatalogDirectory, Directo
 from fleet_core.admission.limits import LimitStore
 from fleet_core.admission.service import Admission, BudgetWait
 from fleet_core.admission.store import BatchingStore, MemoryStore, open_redis_store
+from fleet_core.console.proxying import proxy_routes
+from fleet_core.console.serving import console_routes
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.discovery import poll_endpoints
 from fleet_core.gateway.health import HealthChecker
@@ -252,6 +254,10 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
         ),
         max_body=settings.max_body_bytes,
     )
+    routes += proxy_routes(
+        resources.session, settings.console.api_url, max_body=settings.max_body_bytes
+    )
+    routes += console_routes(settings.console)
     app = Starlette(
         routes=routes,
         middleware=middleware,
