@@ -9,10 +9,12 @@ UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 PACKAGES := contract fleet-core fleet-serving
 
-.PHONY: help dev seed smoke kube test check lint format typecheck compat bench lock notice llama-server e2e image image-base image-test clean
+.PHONY: console help dev seed smoke kube test check lint format typecheck compat bench lock notice llama-server e2e image image-base image-test clean web web-dev web-check
 
 help:
 	@echo "make dev    - run the system on embedded defaults"
+	@echo "make web    - build the operator console (npm ci + vite build) into fleet-core's package data"
+	@echo "make web-dev - the console's vite dev server on :5173, proxying to make dev's gateway and control plane"
 	@echo "make seed   - create a demo tenant, project, key and budget rule (with make dev running)"
 	@echo "make smoke  - prove the running system works end to end (with make dev running)"
 	@echo "make test   - run every test (the CI command)"
@@ -39,8 +41,39 @@ $(STAMP): $(BIN)/uv requirements.lock $(addsuffix /pyproject.toml,$(PACKAGES))
 		$(addprefix -e ./,$(PACKAGES))
 	touch $(STAMP)
 
+# The operator console (web/, ADR 0012): npm ci when the lock changed, vite build when a source
+# changed, into fleet-core's package data (gitignored) where the gateway serves it at /.
+# npm keeps downloaded packages in its own cache (~/.npm), so a fresh clone's npm ci is quick.
+WEB_OUT := fleet-core/src/fleet_core/console/static/index.html
+WEB_DEPS := web/node_modules/.package-lock.json
+WEB_SRC := $(shell find web/src web/index.html web/vite.config.ts web/tsconfig.json web/package.json -type f 2>/dev/null)
+
+$(WEB_DEPS): web/package-lock.json
+	cd web && npm ci --no-audit --no-fund --loglevel=error
+	touch $(WEB_DEPS)
+
+$(WEB_OUT): $(WEB_DEPS) $(WEB_SRC)
+	cd web && npx --no-install vite build --logLevel warn
+
+web:
+	rm -f $(WEB_OUT)
+	$(MAKE) $(WEB_OUT)
+
+web-dev: $(WEB_DEPS)
+	cd web && npx --no-install vite
+
+# tsc --noEmit and the console's unit tests (vitest).
+web-check: $(WEB_DEPS)
+	cd web && npx --no-install tsc --noEmit
+	cd web && npx --no-install vitest run
+
+# make dev builds the console when it is missing or stale; without npm it serves a placeholder page.
+console:
+	@if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory $(WEB_OUT); \
+	else echo "make dev: npm not found, the console at / is a placeholder (install Node.js 20+)"; fi
+
 # REAL=1: the model registry pulls from the Hugging Face hub instead of the synthetic one.
-dev: $(STAMP)
+dev: $(STAMP) console
 	REAL=$(REAL) $(PY) -m fleet_core.devrun
 
 # Needs `make dev` running (or FLEET_SEED_API pointing at a control plane).
@@ -62,7 +95,8 @@ smoke: $(STAMP)
 kube: $(STAMP)
 	PYTHONPATH=e2e $(PY) -m fleet_testing.kube_build
 
-test: $(STAMP) kube
+# The console is built first: its browser tests (e2e/tests/test_console_browser.py) drive it.
+test: $(STAMP) kube $(WEB_OUT)
 	$(BIN)/pytest
 
 format: $(STAMP)
@@ -80,7 +114,7 @@ typecheck: $(STAMP)
 compat: $(STAMP)
 	$(PY) -m fleet_contract.compat
 
-check: lint typecheck compat test
+check: lint typecheck compat web-check test
 
 bench: $(STAMP)
 	PYTHONPATH=e2e $(PY) -m bench
@@ -121,4 +155,5 @@ image-test:
 	deploy/image/test.sh
 
 clean:
-	rm -rf $(VENV) .dev .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .dev .pytest_cache .mypy_cache .ruff_cache web/node_modules web/artifacts \
+		fleet-core/src/fleet_core/console/static

@@ -10,6 +10,8 @@
 - The gateway in the foreground on 127.0.0.1:8080, in database mode: keys, limits, budget rules
   and rates come from the control plane's tables, every request lands in the ledger. ``make
   seed`` creates a demo tenant, project, key and budget rule and prints the key.
+- The operator console at ``/`` of the gateway (built by ``make dev`` when missing or stale),
+  its ``/api/v1`` calls passed to the control plane (FLEET_CONSOLE_API_URL).
 - An admin token for the control plane, made once and kept in ``.dev/admin-token`` (readable by
   you only): the control plane starts with it (FLEET_ADMIN_TOKEN_FILE), and ``make seed``, the
   ``fleet`` CLI and the README's curl lines read it from there. It also reads the gateway's
@@ -175,6 +177,8 @@ def main() -> None:
             os.environ.update(env)  # the gateway reads its settings from the environment
             for name in ("FLEET_ADMIN_TOKEN", "FLEET_ADMIN_TOKEN_FILE"):
                 os.environ.pop(name, None)  # the control plane's, not the gateway's
+            # the console at / calls the control plane through the gateway (ADR 0012)
+            os.environ.setdefault("FLEET_CONSOLE_API_URL", f"http://127.0.0.1:{api_port}")
             gateway_main(["--config", str(config)])
         finally:
             for proc in children:
@@ -188,6 +192,7 @@ def _banner(gateway_port: int, api_port: int, engine_port: int) -> str:
     where = "your FLEET_ADMIN_TOKEN" if token else f"{DEV_ADMIN_TOKEN}: {_dev_token()}"
     return f"""make dev: gateway on http://127.0.0.1:{gateway_port} (database mode), \
 control plane on http://127.0.0.1:{api_port}, stub engines on ports {engine_port}-{engine_port + 2}.
+The operator console: open http://127.0.0.1:{gateway_port}/ and sign in with the admin token.
 Control plane admin token ({where}); the control plane answers only with it:
   curl -s http://127.0.0.1:{api_port}/api/v1/tenants \\
     -H "Authorization: Bearer $(cat {DEV_ADMIN_TOKEN})"

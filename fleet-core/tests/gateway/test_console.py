@@ -15,7 +15,10 @@ from fleet_testing.fix_auth import bearer
 
 from .conftest import GatewayFactory, StubFactory
 
-SHELL = '<!doctype html><html><body><div id="root"></div><script type="module" src="/assets/index-abc123.js"></script></body></html>'
+SHELL = (
+    '<!doctype html><html><body><div id="root"></div>'
+    '<script type="module" src="/assets/index-abc123.js"></script></body></html>'
+)
 SCRIPT = "export const answer = 42;\n"
 
 
