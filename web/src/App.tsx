@@ -1,5 +1,5 @@
 import { lazy, Suspense, useCallback, useEffect, useMemo, useState } from "react";
-import { Alert, Button, Card, ConfigProvider, Form, Input, Layout, Menu, Spin, Tag, Typography } from "antd";
+import { Alert, App as AntApp, Button, Card, ConfigProvider, Form, Input, Layout, Menu, Spin, Tag, Typography } from "antd";
 import { api, ApiError } from "./lib/api";
 import { PAGES, pageAt, pagesFor, type PageId, type Who } from "./lib/access";
 import { navigate, SessionContext, storedToken, storeToken, type Session } from "./session";
@@ -67,11 +67,13 @@ export function App() {
 
   return (
     <ConfigProvider theme={{ token: { colorPrimary: "#1f6feb", borderRadius: 6 } }}>
+      <AntApp>
       {state.kind === "checking" && <Spin fullscreen />}
       {state.kind === "signed-out" && <SignIn error={state.error} onSignIn={signIn} />}
       {state.kind === "in" && (
         <Console session={{ token: state.token, who: state.who, signOut }} path={path} />
       )}
+      </AntApp>
     </ConfigProvider>
   );
 }

@@ -28,9 +28,13 @@ export function headers(token: string | null | undefined, extra: Record<string, 
 
 export async function raw(path: string, call: Call = {}): Promise<Response> {
   const extra: Record<string, string> = { Accept: call.accept ?? "application/json" };
-  if (call.body !== undefined) extra["Content-Type"] = "application/json";
+  const method = call.method ?? "GET";
+  // the control plane takes every write as JSON, even one without a body (a pull, a close)
+  if (call.body !== undefined || (method !== "GET" && method !== "HEAD")) {
+    extra["Content-Type"] = "application/json";
+  }
   const response = await fetch(path, {
-    method: call.method ?? "GET",
+    method,
     headers: headers(call.token, extra),
     body: call.body === undefined ? undefined : JSON.stringify(call.body),
     signal: call.signal,

@@ -1,5 +1,5 @@
 import { useState } from "react";
-import { Alert, Button, Card, Descriptions, Form, Input, Modal, Space, Table, Tag, Typography, message } from "antd";
+import { Alert, App, Button, Card, Descriptions, Form, Input, Space, Table, Tag, Typography } from "antd";
 import { api, ApiError, raw, type List } from "../lib/api";
 import { canWrite } from "../lib/access";
 import { gpuHours, money, percent, previousMonth, toMicro } from "../lib/format";
@@ -45,9 +45,13 @@ interface Report {
 
 function ReportView({ report }: { report: Report }) {
   const { token } = useSession();
+  const { message } = App.useApp();
   const c = report.currency;
   async function downloadCsv() {
-    const response = await raw(`/api/v1/cost-periods/${report.period}?format=csv`, { token, accept: "text/csv" });
+    const response = await raw(`/api/v1/cost-periods/${report.period}?format=csv`, { token, accept: "text/csv" }).catch((e: Error) => {
+      void message.error(e.message);
+      throw e;
+    });
     const url = URL.createObjectURL(await response.blob());
     const link = document.createElement("a");
     link.href = url;
@@ -116,6 +120,7 @@ function ReportView({ report }: { report: Report }) {
 
 export default function Costs() {
   const { token, who } = useSession();
+  const { message, modal } = App.useApp();
   const writer = canWrite(who, "costs");
   const rates = useLoad(() => api<List<Rate>>("/api/v1/cost-rates", { token }), [token]);
   const periods = useLoad(() => api<List<Summary>>("/api/v1/cost-periods", { token }), [token]);
@@ -137,11 +142,11 @@ export default function Costs() {
   }
 
   function confirmForce() {
-    Modal.confirm({
+    modal.confirm({
       title: `Force-close ${month} below the coverage minimum?`,
       content: "The report will be marked forced: capacity the inventory did not report is not in the pool.",
       okText: "Force close",
-      okButtonProps: { danger: true, id: "force-ok" },
+      okButtonProps: { danger: true },
       onOk: () => close(true),
     });
   }

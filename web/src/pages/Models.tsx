@@ -1,5 +1,5 @@
 import { useEffect, useRef, useState } from "react";
-import { Alert, Button, Card, Form, Input, Popconfirm, Progress, Space, Table, Tag, Typography, message } from "antd";
+import { Alert, App, Button, Card, Form, Input, Popconfirm, Progress, Space, Table, Tag, Typography } from "antd";
 import { api, raw, type List } from "../lib/api";
 import { bytes } from "../lib/format";
 import { readEvents } from "../lib/sse";
@@ -18,7 +18,7 @@ interface Model {
   status: string;
   reason: string;
   revision: string | null;
-  facts: { sizeBytes: number; parameters: number; architecture: string | null; files: WeightFile[] } | null;
+  facts: { format: string; sizeBytes: number; parameters: number; architecture: string | null; quantization?: string | null; files: WeightFile[] } | null;
   updatedAt: string;
 }
 interface PullProgress {
@@ -36,8 +36,9 @@ interface PullProgress {
 const STATUS_COLOR: Record<string, string> = { Ready: "green", Pulling: "blue", Failed: "red", Registered: "default" };
 
 function source(m: Model): string {
+  if (m.source.uri) return m.source.uri;
   if (m.source.huggingface) return `hf://${m.source.huggingface.repo}@${m.source.huggingface.revision}`;
-  return m.source.uri ?? (m.source.local ? `local: ${m.source.local.origin}` : "–");
+  return m.source.local ? `local: ${m.source.local.origin}` : "–";
 }
 
 /** Live progress of one model's pull: the control plane's SSE stream, read with the token. */
@@ -69,6 +70,7 @@ function usePull(id: string, active: boolean, onEnd: () => void): PullProgress |
 
 function PullCell({ model, onChange }: { model: Model; onChange: () => void }) {
   const { token } = useSession();
+  const { message } = App.useApp();
   const pulling = model.status === "Pulling";
   const progress = usePull(model.id, pulling, onChange);
   const path = `/api/v1/models/${encodeURIComponent(model.id)}/pull`;
@@ -162,7 +164,8 @@ export default function Models() {
         columns={[
           { title: "Model", dataIndex: "id" },
           { title: "Source", render: (_, m) => source(m) },
-          { title: "Format", dataIndex: "format", render: (f: string | null) => f ?? "–" },
+          { title: "Format", render: (_, m) => [m.facts?.format ?? m.format, m.facts?.quantization].filter(Boolean).join(" · ") || "–" },
+          { title: "Revision", dataIndex: "revision", render: (r: string | null) => (r ? <Typography.Text code>{r.slice(0, 12)}</Typography.Text> : "–") },
           { title: "Size", render: (_, m) => (m.facts ? bytes(m.facts.sizeBytes) : "–") },
           {
             title: "Status",

@@ -45,6 +45,11 @@ export default function Playground() {
   const abort = useRef<AbortController | null>(null);
 
   useEffect(() => {
+    if (!key && who.role !== null) {
+      setModels([]);
+      setModelsError("Paste a tenant's API key to chat: the gateway serves tenants' keys, and a control-plane credential is not one.");
+      return;
+    }
     api<List<Model>>("/v1/models", { token: key || null })
       .then((list) => {
         setModels(list.data);
@@ -52,7 +57,7 @@ export default function Playground() {
         setModelsError(undefined);
       })
       .catch((e: Error) => setModelsError(e.message));
-  }, [key]);
+  }, [key, who.role]);
 
   async function send() {
     if (!model || !prompt.trim()) return;

@@ -1,5 +1,5 @@
 import { useState } from "react";
-import { Alert, Button, Card, Form, Input, InputNumber, Modal, Popconfirm, Progress, Select, Space, Table, Tabs, Tag, Typography, message } from "antd";
+import { Alert, App, Button, Card, Form, Input, InputNumber, Modal, Popconfirm, Progress, Select, Space, Table, Tabs, Tag, Typography } from "antd";
 import { api, type List } from "../lib/api";
 import { canWrite } from "../lib/access";
 import { useLoad, type Loaded } from "../lib/useLoad";
@@ -74,6 +74,7 @@ function useList<T>(path: string): Loaded<List<T>> {
 export default function Tenants() {
   const session = useSession();
   const { token, who } = session;
+  const { message } = App.useApp();
   const admin = canWrite(who, "tenants");
   const tenants = useList<Tenant>(who.role === "tenant" ? `/api/v1/tenants/${who.tenantId}` : "/api/v1/tenants");
   const projects = useList<Project>("/api/v1/projects");
@@ -204,7 +205,7 @@ export default function Tenants() {
           },
         ]}
       />
-      <Modal open={issued !== undefined} title="API key created" onOk={() => setIssued(undefined)} onCancel={() => setIssued(undefined)} cancelButtonProps={{ style: { display: "none" } }} okText="I have copied it">
+      <Modal destroyOnHidden open={issued !== undefined} title="API key created" onOk={() => setIssued(undefined)} onCancel={() => setIssued(undefined)} cancelButtonProps={{ style: { display: "none" } }} okText="I have copied it">
         <Typography.Paragraph>This is the only time the secret is shown. Copy it now; the control plane keeps only its hash.</Typography.Paragraph>
         <Typography.Paragraph code copyable data-testid="secret">{issued?.secret}</Typography.Paragraph>
       </Modal>

@@ -1,0 +1,330 @@
+// The console's browser scenarios, run by e2e/tests/test_console_browser.py against real servers:
+// `node console.mjs <scenario>`. Debian's Chromium through playwright-core (no browser download),
+// a fresh profile per run. Prints "ok <scenario>" when every step passed; exits 1 naming the step.
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { createServer } from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const env = (name) => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set`);
+  return value;
+};
+const GW = env("FLEET_GATEWAY");
+const API = env("FLEET_API");
+const DEMO = env("FLEET_DEMO");
+const ADMIN = env("FLEET_ADMIN");
+const TENANT_KEY = env("FLEET_TENANT_KEY");
+const ARTIFACTS = env("FLEET_ARTIFACTS");
+const FLAGS = [
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-quic",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+];
+
+let step = "start";
+function check(condition, what) {
+  if (!condition) throw new Error(`check failed: ${what}`);
+}
+async function shot(page, name) {
+  await page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
+}
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function signIn(page, base, token) {
+  step = `sign in at ${base}`;
+  await page.goto(`${base}/`);
+  await page.getByPlaceholder("fsc_… or fk_…").fill(token);
+  await page.getByRole("button", { name: "Sign in" }).click();
+  await page.getByRole("button", { name: "Sign out" }).waitFor();
+}
+
+async function nav(page, label) {
+  step = `open ${label}`;
+  await page.locator(".ant-menu").getByRole("link", { name: label }).click();
+}
+
+async function navLabels(page) {
+  return (await page.locator(".ant-menu-item").allInnerTexts()).map((t) => t.trim());
+}
+
+const scenarios = {
+  async pages(page) {
+    step = "sign-in page";
+    await page.goto(`${GW}/`);
+    await page.getByRole("button", { name: "Sign in" }).waitFor();
+    await shot(page, "sign-in");
+    await signIn(page, GW, ADMIN);
+    check((await navLabels(page)).length === 7, "an admin is offered all seven pages");
+
+    await nav(page, "Playground");
+    await page.getByText("Paste a tenant's API key").waitFor();
+    await page.getByPlaceholder("a tenant's API key").fill(TENANT_KEY);
+    await page.locator(".ant-select-selection-item", { hasText: "m" }).waitFor();
+    await page.getByTestId("max-tokens").fill("24");
+    await page.getByTestId("send").click();
+    await page.getByText("done", { exact: true }).waitFor();
+    await shot(page, "playground");
+
+    await nav(page, "Fleet");
+    await page.getByText("ready", { exact: true }).first().waitFor();
+    await page.getByText("acme/research").first().waitFor(); // the seeded requests
+    await shot(page, "fleet");
+
+    await nav(page, "Models");
+    await page.getByRole("cell", { name: "hf://fleet/tiny-gguf", exact: true }).waitFor();
+    await page.locator(".ant-tag", { hasText: "Ready" }).first().waitFor();
+    await page.locator(".ant-table-row-expand-icon").first().click();
+    await page.getByText("tiny-q8_0.gguf").waitFor();
+    await shot(page, "models");
+
+    await nav(page, "Cluster");
+    await page.getByText("gpu-east").first().waitFor();
+    await page.getByText("h100-a").waitFor();
+    await page.getByText("qwen-7b").first().waitFor();
+    await shot(page, "cluster");
+
+    await nav(page, "Tenants & keys");
+    await page.getByRole("cell", { name: "Acme", exact: true }).waitFor();
+    await page.getByRole("tab", { name: "Budget rules" }).click();
+    await page.locator(".ant-progress").first().waitFor();
+    await page.getByText(/^\d[\d,]* \/ 100,000$/).waitFor(); // used of the limit
+    await shot(page, "tenants");
+
+    await nav(page, "Usage");
+    await page.locator(".recharts-surface").first().waitFor();
+    await page.getByRole("cell", { name: "m", exact: true }).first().waitFor(); // agreement row
+    await shot(page, "usage");
+
+    await nav(page, "Costs");
+    await page.getByText("2.50 USD").waitFor();
+    await shot(page, "costs");
+
+    step = "deep link reload";
+    await page.reload();
+    await page.getByText("Close a month").waitFor();
+    check(page.url() === `${GW}/costs`, "the deep link stays");
+    check((await page.locator(".ant-menu-item-selected").innerText()).trim() === "Costs", "Costs selected");
+    step = "deep link in a new tab: the credential stays in its tab, the link survives sign-in";
+    const other = await page.context().newPage();
+    await other.goto(`${GW}/cluster`);
+    await other.getByPlaceholder("fsc_… or fk_…").fill(ADMIN);
+    await other.getByRole("button", { name: "Sign in" }).click();
+    await other.getByText("h100-a").waitFor();
+    check(other.url() === `${GW}/cluster`, "still /cluster");
+    await other.close();
+  },
+
+  async playground(page) {
+    await signIn(page, GW, TENANT_KEY);
+    await nav(page, "Playground");
+    await page.locator(".ant-select-selection-item", { hasText: "m" }).waitFor();
+    step = "stream a long reply";
+    await page.getByTestId("prompt").fill("Tell me everything.");
+    await page.getByTestId("send").click();
+    const reply = page.getByTestId("reply");
+    await page.waitForFunction(() => document.querySelector('[data-testid="reply"]')?.textContent.length > 60);
+    const early = (await reply.innerText()).length;
+    await sleep(300);
+    check((await reply.innerText()).length > early, "the reply grows token by token");
+    step = "stop";
+    await page.getByTestId("stop").click();
+    await page.getByText("stopped", { exact: true }).waitFor();
+    const stopped = (await reply.innerText()).length;
+    await sleep(1000);
+    check((await reply.innerText()).length === stopped, "nothing arrives after stop");
+    check(stopped < 600 * 6, "the reply was cut short");
+    await shot(page, "playground-stopped");
+
+    step = "a complete reply with usage and the gateway's count";
+    await page.getByRole("button", { name: "Clear" }).click();
+    await page.getByTestId("max-tokens").fill("8");
+    await page.getByTestId("prompt").fill("Just a few words.");
+    await page.getByTestId("send").click();
+    await page.getByText("done", { exact: true }).waitFor();
+    const run = page.getByTestId("run");
+    await run.getByText(/^\d+ \/ 8$/).first().waitFor(); // the engine's usage
+    await page.waitForFunction(
+      () => [...document.querySelectorAll('[data-testid="run"] .ant-statistic-content-value')].filter((e) => /^\d+ \/ \d+$/.test(e.textContent)).length >= 2,
+    ); // and the gateway's own count beside it
+    check(!(await run.getByText("–").count()), "TTFT and total time are shown");
+    await shot(page, "playground-done");
+  },
+
+  async demo(page) {
+    step = "open the demo gateway (no sign-in)";
+    await page.goto(`${DEMO}/playground`);
+    await page.getByText("no control plane").waitFor();
+    check((await navLabels(page)).join(",") === "Playground,Fleet", "demo pages");
+    await page.locator(".ant-select-selection-item", { hasText: "demo" }).waitFor();
+    await page.getByTestId("max-tokens").fill("12");
+    await page.getByTestId("prompt").fill("hello");
+    await page.getByTestId("send").click();
+    await page.getByText("done", { exact: true }).waitFor();
+    check((await page.getByTestId("reply").innerText()).length > 0, "a reply");
+    await shot(page, "demo-playground");
+    await nav(page, "Fleet");
+    await page.getByText("ready", { exact: true }).first().waitFor();
+  },
+
+  async models(page) {
+    await signIn(page, GW, ADMIN);
+    await nav(page, "Models");
+    step = "register hf://fleet/slow";
+    await page.getByTestId("model-uri").fill("hf://fleet/slow");
+    await page.getByPlaceholder("id (optional)").fill("slow");
+    await page.getByTestId("register").click();
+    await page.getByTestId("pull-slow").click();
+    step = "progress moves";
+    const bar = page.getByTestId("progress-slow");
+    await bar.waitFor();
+    await page.waitForFunction(() => Number(document.querySelector('[data-testid="progress-slow"]')?.dataset.bytes) > 0);
+    const first = Number(await bar.getAttribute("data-bytes"));
+    await sleep(1500);
+    const later = Number(await bar.getAttribute("data-bytes"));
+    check(later > first, `progress moves (${first} then ${later})`);
+    await shot(page, "models-pulling");
+    step = "cancel";
+    await page.getByTestId("cancel-slow").click();
+    await page.locator(".ant-popconfirm").getByRole("button", { name: "OK" }).click();
+    await page.getByTestId("status-slow").filter({ hasText: "Cancelled" }).waitFor();
+    const status = await (await fetch(`${GW}/api/v1/models/slow`, { headers: { Authorization: `Bearer ${ADMIN}` } })).json();
+    check(status.status === "Cancelled", `the registry says ${status.status}`);
+  },
+
+  async keys(page) {
+    await signIn(page, GW, ADMIN);
+    await nav(page, "Tenants & keys");
+    await page.getByRole("tab", { name: "API keys" }).click();
+    step = "create a key";
+    await page.getByTestId("key-project").click();
+    await page.locator(".ant-select-item-option", { hasText: "acme/research" }).click();
+    await page.getByTestId("key-label").fill("browser");
+    await page.getByTestId("create-key").click();
+    const secret = (await page.getByTestId("secret").innerText()).trim();
+    check(secret.length > 20, "the secret is shown");
+    await shot(page, "key-created");
+    const works = await fetch(`${GW}/v1/models`, { headers: { Authorization: `Bearer ${secret}` } });
+    check(works.status === 200, `the new key works (${works.status})`);
+    step = "shown once";
+    await page.getByRole("button", { name: "I have copied it" }).click();
+    await page.getByTestId("secret").waitFor({ state: "hidden" });
+    await page.getByRole("cell", { name: "browser", exact: true }).waitFor();
+    const html = await page.content();
+    const at = html.indexOf(secret);
+    check(at < 0, `the secret is gone from the page (${html.slice(Math.max(0, at - 300), at + 80)})`);
+    await page.reload();
+    await page.getByRole("tab", { name: "API keys" }).click();
+    await page.getByRole("cell", { name: "browser", exact: true }).waitFor();
+    check(!(await page.content()).includes(secret), "and not shown again");
+    step = "revoke asks first";
+    await page.getByTestId("revoke-browser").click();
+    await page.locator(".ant-popconfirm").getByRole("button", { name: "Revoke" }).click();
+    await page.locator("tr", { hasText: "browser" }).getByText("revoked").waitFor();
+    await sleep(1500); // the gateway's catalog follows within its poll interval
+    const refused = await fetch(`${GW}/v1/models`, { headers: { Authorization: `Bearer ${secret}` } });
+    check(refused.status === 401, `a revoked key is refused (${refused.status})`);
+  },
+
+  async costs(page) {
+    await signIn(page, GW, ADMIN);
+    await nav(page, "Costs");
+    step = "close: refused below the coverage minimum";
+    await page.getByTestId("close").click();
+    const refusal = page.getByTestId("refusal");
+    await refusal.waitFor();
+    check((await refusal.innerText()).toLowerCase().includes("coverage"), "the reason names coverage");
+    await shot(page, "costs-refused");
+    step = "force, after confirming";
+    await page.getByTestId("force").click();
+    await page.locator(".ant-modal-confirm").getByRole("button", { name: "Force close" }).click();
+    const report = page.getByTestId("report");
+    await report.waitFor();
+    await report.getByText("forced").waitFor();
+    await page.getByTestId("periods").getByText("forced").waitFor();
+    await shot(page, "costs-report");
+    step = "CSV download";
+    const [download] = await Promise.all([page.waitForEvent("download"), page.getByTestId("csv").click()]);
+    const csv = readFileSync(await download.path(), "utf8");
+    check(csv.startsWith("period,line,tenant,project"), `the CSV header (${csv.slice(0, 40)})`);
+    check(/^fleet-costs-\d{4}-\d{2}\.csv$/.test(download.suggestedFilename()), "its name");
+  },
+
+  async tenant(page) {
+    await signIn(page, GW, TENANT_KEY);
+    step = "pages offered";
+    check((await navLabels(page)).join(",") === "Playground,Tenants & keys,Usage", "a tenant's pages");
+    await page.goto(`${GW}/costs`); // not offered: falls back to the playground
+    await page.getByTestId("prompt").waitFor();
+    await nav(page, "Tenants & keys");
+    await page.getByRole("cell", { name: "Acme", exact: true }).waitFor();
+    check(!(await page.getByTestId("create-tenant").count()), "no write forms for a tenant");
+    await nav(page, "Usage");
+    await page.locator(".recharts-surface").first().waitFor();
+    await shot(page, "tenant-usage");
+  },
+
+  async cors(page) {
+    step = "a page on a foreign origin";
+    const server = createServer((_, res) => res.end("<!doctype html><title>elsewhere</title>"));
+    await new Promise((resolve) => server.listen(0, "127.0.0.2", resolve));
+    try {
+      const foreign = `http://127.0.0.2:${server.address().port}/`;
+      await page.goto(foreign);
+      const call = ({ api, token }) =>
+        fetch(`${api}/api/v1/whoami`, { headers: { Authorization: `Bearer ${token}` } }).then(
+          (r) => `status ${r.status}`,
+          (e) => `refused: ${e.name}`,
+        );
+      const refused = await page.evaluate(call, { api: API, token: ADMIN });
+      check(refused === "refused: TypeError", `the control plane refuses ${foreign} (${refused})`);
+      step = "the console's origin";
+      await page.goto(`${GW}/healthz`); // the gateway's origin without the shell's CSP (connect-src 'self')
+      const allowed = await page.evaluate(call, { api: API, token: ADMIN });
+      check(allowed === "status 200", `the control plane allows the gateway's origin (${allowed})`);
+    } finally {
+      server.close();
+    }
+  },
+};
+
+const name = process.argv[2];
+if (!scenarios[name]) {
+  console.error(`no scenario ${name}: one of ${Object.keys(scenarios).join(", ")}`);
+  process.exit(2);
+}
+const profile = mkdtempSync(join(tmpdir(), "fleet-chromium-"));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: env("FLEET_CHROMIUM"),
+  headless: true,
+  args: FLAGS,
+  acceptDownloads: true,
+  viewport: { width: 1400, height: 900 },
+});
+context.setDefaultTimeout(20000);
+const page = context.pages()[0] ?? (await context.newPage());
+const problems = [];
+page.on("pageerror", (error) => problems.push(`page error: ${error.message}`));
+page.on("response", (r) => {
+  if (r.url().includes("/assets/") && r.status() !== 200) problems.push(`asset ${r.url()} ${r.status()}`);
+});
+let failed = false;
+try {
+  await scenarios[name](page);
+  check(problems.length === 0, problems.join("; "));
+  console.log(`ok ${name}`);
+} catch (error) {
+  failed = true;
+  console.error(`FAILED ${name} at step "${step}": ${error.stack ?? error}`);
+  await shot(page, `failed-${name}`).catch(() => {});
+} finally {
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
+}
+process.exit(failed ? 1 : 0);
