@@ -179,3 +179,5 @@ def test_the_console_api_url_defaults_to_the_control_plane_url() -> None:
     assert console_from_env(cp).api_url == "http://cp:8081"
     both = {**cp, "FLEET_CONSOLE_API_URL": "http://other:9"}
     assert console_from_env(both).api_url == "http://other:9"
+    off = {**cp, "FLEET_CONSOLE_API_URL": "off"}  # a public gateway that still discovers
+    assert console_from_env(off).api_url is None
