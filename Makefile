@@ -145,7 +145,8 @@ e2e: $(STAMP) llama-server kube
 
 # Images (deploy/image): Docker when a daemon answers, else buildah; IMAGE_BASE=... overrides the
 # Dockerfile's base (make image-base builds localhost/fleet-base:bookworm with mmdebstrap).
-image:
+# The console is built first (when npm is there) so the fleet-core image serves it at /.
+image: console
 	IMAGE_BASE=$(IMAGE_BASE) deploy/image/build.sh
 
 image-base:
