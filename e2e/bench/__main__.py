@@ -1,8 +1,8 @@
 """Run every benchmark and write docs/benchmarks.md (``make bench``).
 
 ``FLEET_BENCH_ONLY=gateway``, ``=admission``, ``=ledger``, ``=database``, ``=pull``, ``=costs``,
-``=operator`` or ``=routing`` runs one section (the other sections of docs/benchmarks.md are
-kept as they were).
+``=console``, ``=operator`` or ``=routing`` runs one section (the other sections of
+docs/benchmarks.md are kept as they were).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 
 from bench import (
     admission_bench,
+    console_bench,
     costs_bench,
     database_bench,
     gateway_bench,
@@ -36,6 +37,8 @@ def main() -> None:
         sections.append(pull_bench.report(pull_bench.run()))
     if only in ("", "costs"):
         sections.append(costs_bench.report(costs_bench.run()))
+    if only in ("", "console"):
+        sections.append(console_bench.report(console_bench.run()))
     if only in ("", "operator"):
         sections.append(operator_bench.report(operator_bench.run()))
     if only in ("", "routing"):

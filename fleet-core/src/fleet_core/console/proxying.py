@@ -52,7 +52,7 @@ class _Proxy:
         if self.api_url is None:
             raise NotFound(
                 f"no route for {request.method} {request.url.path}: this gateway passes no calls "
-                "to a control plane (set FLEET_CONSOLE_API_URL or FLEET_CONTROL_PLANE_URL)",
+                "to a control plane (set FLEET_CONSOLE_API_URL to the control plane's URL)",
                 code="no_control_plane",
             )
         body = await read_body(request, self.max_body)

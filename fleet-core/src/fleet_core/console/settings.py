@@ -18,15 +18,13 @@ class ConsoleSettings:
     """The built console: index.html and assets/ (FLEET_CONSOLE_DIR); missing: a placeholder
     page says how to build it."""
     api_url: str | None = field(default=None)
-    """The control plane the console's ``/api/v1`` calls are passed to (FLEET_CONSOLE_API_URL,
-    else FLEET_CONTROL_PLANE_URL; ``off``: none, for a public gateway); None: the console offers
-    the playground and fleet pages only."""
+    """The control plane the console's ``/api/v1`` calls are passed to (FLEET_CONSOLE_API_URL).
+    Unset: none — a gateway behind a public Ingress does not open the control plane's API to the
+    internet unless told to — and the console offers the playground and fleet pages only."""
 
 
 def console_from_env(env: Mapping[str, str]) -> ConsoleSettings:
-    api_url = env.get("FLEET_CONSOLE_API_URL") or env.get("FLEET_CONTROL_PLANE_URL") or None
-    if api_url == "off":
-        api_url = None
+    api_url = env.get("FLEET_CONSOLE_API_URL") or None
     static_dir = env.get("FLEET_CONSOLE_DIR")
     return ConsoleSettings(
         static_dir=Path(static_dir) if static_dir else BUILT_DIR,

@@ -1,0 +1,166 @@
+"""The console's calls at scale: 10 million ledger rows (and their per-minute rollups), timed
+over HTTP against a real control plane process, as the console makes them.
+
+The rows are the cost bench's (``costs_bench``: a month, 50 tenants × 3 projects, generated in
+SQL); the rollups are built from them with the ledger writer's grouping. Each call is made
+``CALLS`` times in a row after one warm-up, and its p50 and p95 reported against the issue's
+target (p95 ≤ 200 ms). ``FLEET_BENCH_CONSOLE_ROWS`` sets the row count
+(``FLEET_BENCH_ONLY=console`` runs this section).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import httpx
+import psycopg
+
+from bench import costs_bench
+from bench.ledger_bench import scratch_database
+
+__all__ = ["report", "run"]
+
+ROWS = int(os.environ.get("FLEET_BENCH_CONSOLE_ROWS", "10000000"))
+CALLS = 20
+TARGET_MS = 200.0
+_ROLLUPS = """
+INSERT INTO usage_minute (tenant, project, model, minute, requests, tokens_input, tokens_output,
+                          tokens_cached, tokens_fresh, units)
+SELECT coalesce(tenant, ''), coalesce(project, ''), model, date_trunc('minute', done_at, 'UTC'),
+       count(*), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),
+       sum(fresh_tokens), 0
+FROM ledger WHERE outcome <> 'refused' GROUP BY 1, 2, 3, 4
+"""
+_TENANTS = """
+INSERT INTO tenants (id, name) SELECT 'tenant-' || t, 'Tenant ' || t
+FROM generate_series(0, %(tenants)s - 1) AS t
+"""
+_PROJECTS = """
+INSERT INTO projects (id, tenant_id, name)
+SELECT 'tenant-' || t || '/p' || p, 'tenant-' || t, 'p' || p
+FROM generate_series(0, %(tenants)s - 1) AS t, generate_series(0, 2) AS p
+"""
+MONTH = "from=2026-09-01T00:00:00Z&to=2026-10-01T00:00:00Z"
+DAY = "from=2026-09-15T00:00:00Z&to=2026-09-16T00:00:00Z"
+CONSOLE_CALLS = (
+    ("whoami (sign-in)", "/api/v1/whoami"),
+    ("tenants", "/api/v1/tenants"),
+    ("projects", "/api/v1/projects"),
+    ("keys", "/api/v1/keys"),
+    ("budget rules", "/api/v1/budget-rules"),
+    ("usage by hour, one day", f"/api/v1/usage?groupBy=hour&{DAY}"),
+    ("usage by day, a month", f"/api/v1/usage?groupBy=day&{MONTH}"),
+    ("usage by model, a month", f"/api/v1/usage?groupBy=model&{MONTH}"),
+    ("usage by project, a month", f"/api/v1/usage?groupBy=project&{MONTH}"),
+    ("usage of one tenant, a month", f"/api/v1/usage?groupBy=day&tenantId=tenant-7&{MONTH}"),
+    ("usage agreement, one day", f"/api/v1/usage-agreement?{DAY}"),
+    ("cost rates", "/api/v1/cost-rates"),
+    ("closed months", "/api/v1/cost-periods"),
+    ("inventory", "/api/v1/inventory"),
+    ("models", "/api/v1/models"),
+)
+
+
+def _seed(url: str, rows: int) -> float:
+    began = time.perf_counter()
+    costs_bench._seed(url, rows)  # the ledger, capacity samples, placements and rates
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(_TENANTS, {"tenants": costs_bench.TENANTS})
+        conn.execute(_PROJECTS, {"tenants": costs_bench.TENANTS})
+        conn.execute(_ROLLUPS)
+        conn.execute("VACUUM ANALYZE usage_minute")
+    return time.perf_counter() - began
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _serve(url: str, token: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    env = {**os.environ, "FLEET_DATABASE_URL": url, "FLEET_ADMIN_TOKEN": token}
+    env["FLEET_ACCESS_LOG"] = "false"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{port}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=1):
+                return process, base
+        except urllib.error.HTTPError as exc:
+            exc.close()
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("the control plane did not start")
+
+
+def _time_calls(base: str, token: str) -> dict[str, tuple[float, float]]:
+    figures = {}
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}) as http:
+        for name, path in CONSOLE_CALLS:
+            assert http.get(path, timeout=60).status_code == 200, path  # warm-up
+            took = []
+            for _ in range(CALLS):
+                began = time.perf_counter()
+                response = http.get(path, timeout=60)
+                took.append((time.perf_counter() - began) * 1000)
+                assert response.status_code == 200, (path, response.text)
+            cuts = statistics.quantiles(took, n=20)
+            figures[name] = (statistics.median(took), cuts[18])
+    return figures
+
+
+def run(rows: int = ROWS) -> dict[str, object]:
+    token = "bench-admin-" + secrets.token_urlsafe(16)
+    with scratch_database() as url:
+        print(f"bench: console: generating {rows} ledger rows and their rollups", file=sys.stderr)
+        seed_s = _seed(url, rows)
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT count(*) FROM usage_minute").fetchone()
+        rollups = int(row[0]) if row else 0
+        process, base = _serve(url, token)
+        try:
+            calls = _time_calls(base, token)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    return {"rows": rows, "rollups": rollups, "seed_s": seed_s, "calls": calls}
+
+
+def report(figures: dict[str, object]) -> list[str]:
+    calls = figures["calls"]
+    assert isinstance(calls, dict)
+    lines = [
+        "## Console calls at scale",
+        "",
+        f"Each call the console makes, {CALLS} times in a row over HTTP against a control plane"
+        f" process, on {figures['rows']} ledger rows over a month (50 tenants × 3 projects) and"
+        f" their {figures['rollups']} per-minute rollup rows (generated in SQL in"
+        f" {float(str(figures['seed_s'])):.0f} s; one run).",
+        "",
+        "| call | p50 | p95 | target p95 ≤ 200 ms |",
+        "|---|---|---|---|",
+    ]
+    for name, (p50, p95) in calls.items():
+        verdict = "meets" if p95 <= TARGET_MS else "misses"
+        lines.append(f"| {name} | {p50:.0f} ms | {p95:.0f} ms | {verdict} |")
+    return [*lines, ""]
+
+
+if __name__ == "__main__":
+    print("\n".join(report(run())))
