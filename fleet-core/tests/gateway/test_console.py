@@ -156,11 +156,17 @@ async def test_console_calls_reach_the_control_plane_with_the_callers_credential
             "/api/v1/tenants", json={"id": "acme", "name": "Acme"}, headers=bearer(admin_token)
         )
         listed = await http.get("/api/v1/tenants", params={"limit": 5}, headers=bearer(admin_token))
+        since = "2026-09-01T00:00:00+02:00"  # a '+' that must reach the control plane as one
+        usage = await http.get(
+            "/api/v1/usage", params={"from": since, "groupBy": "day"}, headers=bearer(admin_token)
+        )
     assert anonymous.status_code == 401  # the gateway adds no credential of its own
     assert anonymous.headers["www-authenticate"].startswith("Bearer")
     assert who.json()["role"] == "admin"
     assert created.status_code == 201, created.text
     assert [t["id"] for t in listed.json()["data"]] == ["acme"]
+    assert usage.status_code == 200, usage.text
+    assert usage.json()["from"] == "2026-09-01T00:00:00+02:00"
 
 
 async def test_an_unreachable_control_plane_is_a_502_envelope(

@@ -15,6 +15,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
+from yarl import URL
 
 from fleet_core.errors import NotFound, UpstreamError
 from fleet_core.gateway.routes import read_body
@@ -56,13 +57,12 @@ class _Proxy:
                 code="no_control_plane",
             )
         body = await read_body(request, self.max_body)
-        url = f"{self.api_url}{request.url.path}"
+        url = self._url(request)
         headers = {k: v for k, v in request.headers.items() if k in FORWARDED_REQUEST}
         try:
             upstream = await self.session.request(
                 request.method,
                 url,
-                params=list(request.query_params.multi_items()),
                 data=body or None,
                 headers=headers,
                 timeout=_TIMEOUT,
@@ -80,6 +80,14 @@ class _Proxy:
             headers=kept,
             background=BackgroundTask(upstream.release),
         )
+
+    def _url(self, request: Request) -> URL:
+        """The control plane's URL for this call: path and query exactly as the browser encoded
+        them (re-encoding could turn a ``+`` in a time's offset into a space)."""
+        path = request.scope.get("raw_path") or request.url.path.encode()
+        query = request.scope.get("query_string", b"")
+        raw = f"{self.api_url}{path.decode('latin-1')}"
+        return URL(f"{raw}?{query.decode('latin-1')}" if query else raw, encoded=True)
 
 
 async def _chunks(upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
