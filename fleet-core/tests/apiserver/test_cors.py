@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from fleet_core.main import apiserver_settings
+from fleet_core.apiserver.main import apiserver_settings
 
 from .conftest import ApiserverFactory
 
