@@ -32,8 +32,8 @@ let step = "start";
 function check(condition, what) {
   if (!condition) throw new Error(`check failed: ${what}`);
 }
-async function shot(page, name) {
-  await page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
+async function shot(page, name, mask = []) {
+  await page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true, mask });
 }
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -209,7 +209,7 @@ const scenarios = {
     await page.getByTestId("create-key").click();
     const secret = (await page.getByTestId("secret").innerText()).trim();
     check(secret.length > 20, "the secret is shown");
-    await shot(page, "key-created");
+    await shot(page, "key-created", [page.getByTestId("secret").locator("code")]); // no secret in docs
     const works = await fetch(`${GW}/v1/models`, { headers: { Authorization: `Bearer ${secret}` } });
     check(works.status === 200, `the new key works (${works.status})`);
     step = "shown once";
