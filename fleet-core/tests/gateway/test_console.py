@@ -103,6 +103,16 @@ async def test_api_paths_and_writes_are_never_the_shell(
     assert "no route for" in response.json()["error"]["message"]
 
 
+async def test_a_known_path_with_the_wrong_method_is_still_405(
+    start_stub: StubFactory, start_gateway: GatewayFactory, built: Path
+) -> None:
+    url = await _gateway(start_stub, start_gateway, static_dir=built)
+    async with httpx.AsyncClient() as http:
+        response = await http.get(f"{url}/v1/chat/completions")
+    assert response.status_code == 405
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
 async def test_the_api_is_unchanged_beside_the_console(
     start_stub: StubFactory, start_gateway: GatewayFactory, built: Path
 ) -> None:

@@ -1,23 +1,26 @@
 """The console's files: ``/assets/*`` as themselves, every other page path as the app shell.
 
-The shell (index.html) answers any GET that is not an API path, so a deep link such as
-``/costs`` survives a reload. Assets are content-hashed by vite, so they are cached for a year;
-a missing asset is a 404, never the shell (a browser handed index.html for a script fails in ways
-that are hard to see). Without a build, a placeholder page says how to make one.
+The shell (index.html) answers any GET that no route matched and that is not an API path, so a
+deep link such as ``/costs`` survives a reload. Assets are content-hashed by vite, so they are
+cached for a year; a missing asset is a 404, never the shell (a browser handed index.html for a
+script fails in ways that are hard to see). Without a build, a placeholder says how to make one.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from fleet_core.console.settings import ConsoleSettings
 from fleet_core.errors import NotFound
+from fleet_core.web import Handler
 
-__all__ = ["CONTENT_TYPES", "PLACEHOLDER", "console_routes"]
+__all__ = ["CONTENT_TYPES", "PLACEHOLDER", "console_routes", "with_shell"]
 
 IMMUTABLE = "public, max-age=31536000, immutable"
 API_PREFIXES = ("/v1/", "/api/", "/assets/")
@@ -69,10 +72,11 @@ class _Files:
         headers = {"Cache-Control": IMMUTABLE, "X-Content-Type-Options": "nosniff"}
         return FileResponse(path, media_type=kind, headers=headers)
 
-    async def shell(self, request: Request) -> Response:
+    async def shell(self, request: Request) -> Response | None:
+        """The app shell for a page path; None for anything else (an API path, a write)."""
         path = request.url.path
         if request.method not in ("GET", "HEAD") or path.startswith(API_PREFIXES):
-            raise NotFound(f"no route for {request.method} {path}")
+            return None
         index = self.root / "index.html"
         if not index.is_file():
             return HTMLResponse(PLACEHOLDER, headers=SHELL_HEADERS)
@@ -80,10 +84,19 @@ class _Files:
 
 
 def console_routes(settings: ConsoleSettings) -> list[BaseRoute]:
-    """Last in the gateway's table: the shell route matches every path the API did not."""
     files = _Files(settings.static_dir)
-    every = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
-    return [
-        Route("/assets/{name:path}", files.asset, methods=["GET", "HEAD"]),
-        Route("/{rest:path}", files.shell, methods=every),
-    ]
+    return [Route("/assets/{name:path}", files.asset, methods=["GET", "HEAD"])]
+
+
+def with_shell(settings: ConsoleSettings, handlers: dict[Any, Handler]) -> dict[Any, Handler]:
+    """``handlers`` with the app shell answering what no route matched (a 404), so routing keeps
+    its own answers — a 405 for a known path with the wrong method stays a 405."""
+    files = _Files(settings.static_dir)
+    otherwise = handlers[HTTPException]
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        shell = await files.shell(request) if exc.status_code == 404 else None
+        return shell if shell is not None else await otherwise(request, exc)
+
+    return {**handlers, HTTPException: on_http_error}

@@ -33,7 +33,7 @@ from fleet_core.admission.limits import LimitStore
 from fleet_core.admission.service import Admission, BudgetWait
 from fleet_core.admission.store import BatchingStore, MemoryStore, open_redis_store
 from fleet_core.console.proxying import proxy_routes
-from fleet_core.console.serving import console_routes
+from fleet_core.console.serving import console_routes, with_shell
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.discovery import poll_endpoints
 from fleet_core.gateway.health import HealthChecker
@@ -261,7 +261,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     app = Starlette(
         routes=routes,
         middleware=middleware,
-        exception_handlers=web.exception_handlers(),
+        exception_handlers=with_shell(settings.console, web.exception_handlers()),
         lifespan=lifespan,
     )
     app.state.router = router
