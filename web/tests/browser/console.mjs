@@ -33,7 +33,8 @@ function check(condition, what) {
   if (!condition) throw new Error(`check failed: ${what}`);
 }
 async function shot(page, name, mask = []) {
-  await page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true, mask });
+  await sleep(400); // antd's dialogs and tabs finish moving before the picture (and the mask)
+  await page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true, mask, animations: "disabled" });
 }
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
