@@ -104,6 +104,9 @@ class GatewaySettings:
     """Set: database mode; None: environment mode (FLEET_API_KEYS, FLEET_RATE_*)."""
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
     """The operator console at ``/``: its built files and the control plane it calls."""
+    metrics_dir: Path | None = None
+    """In a worker of ``--workers N``: the directory every worker's metrics are written to and
+    summed from (PROMETHEUS_MULTIPROC_DIR, set by the supervisor); None: one process."""
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

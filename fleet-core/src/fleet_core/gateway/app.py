@@ -157,7 +157,9 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     )
     router = Router(config, registry, engine_key=settings.engine_key or "")
     proxy = Proxy(resources.session, registry, queue_timeout=config.queue_timeout_s)
-    metrics = GatewayMetrics(endpoints=router.readiness, signals=router.signals)
+    metrics = GatewayMetrics(
+        endpoints=router.readiness, signals=router.signals, multiprocess_dir=settings.metrics_dir
+    )
     database = resources.database
     directory: Directory = (
         StaticDirectory(keys=settings.admission.keys, policy=settings.admission.policy)

@@ -1,8 +1,10 @@
 """``fleet-gateway``: the gateway's entry point. The environment is read here, once.
 
-``fleet-gateway --config fleet.yaml [--listen HOST:PORT]`` serves the OpenAI API; ``--demo`` adds a
-stub engine (a child process) serving a model named ``demo`` so the gateway runs with nothing else.
-A configuration that cannot work exits with status 2 and one line saying what and how to fix it.
+``fleet-gateway --config fleet.yaml [--listen HOST:PORT] [--workers N|auto]`` serves the OpenAI
+API; ``--demo`` adds a stub engine (a child process) serving a model named ``demo`` so the gateway
+runs with nothing else. With ``--workers`` above 1 this process supervises that many gateway
+processes on the one port (``workers.py``). A configuration that cannot work exits with status 2
+and one line saying what and how to fix it.
 
 This module reaches only the gateway's own code: an import-linter contract keeps the control
 plane, the model registry, the cost pool, the synthetic hub and the stub engine out of it.
@@ -12,13 +14,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from fleet_core.admission.policy import DIMENSIONS
 from fleet_core.errors import ConfigError
+from fleet_core.gateway import workers
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, load_config
 from fleet_core.gateway.demo import demo_engine, with_demo
@@ -31,25 +36,33 @@ __all__ = ["gateway_main"]
 log = logging.getLogger("fleet.main")
 
 
-async def _run_gateway(settings: GatewaySettings, *, listen: str) -> None:
-    """Serve until SIGTERM/SIGINT, then drain."""
+async def _run_gateway(settings: GatewaySettings, *, listen: str, worker: str = "") -> None:
+    """Serve until SIGTERM/SIGINT, then drain. ``worker``: "I/N" in a worker of --workers N."""
     stop = stop_on_signals()
     async with open_resources(settings) as resources:
         app = create_gateway_app(settings, resources)
         log.info(
-            "fleet-gateway listening on %s with %d upstream(s)",
+            "fleet-gateway %slistening on %s with %d upstream(s)",
+            f"worker {worker} (pid {os.getpid()}) " if worker else "",
             listen,
             len(settings.config.upstreams),
         )
-        await serve_app(app, listen, grace_s=settings.shutdown_grace_s, stop=stop)
-    log.info("fleet-gateway stopped")
+        await serve_app(
+            app, listen, grace_s=settings.shutdown_grace_s, stop=stop, reuse_port=bool(worker)
+        )
+    log.info("fleet-gateway %sstopped", f"worker {worker} " if worker else "")
 
 
 def _gateway_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="fleet-gateway", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", type=Path, help="fleet.yaml (see docs/gateway.md)")
-    parser.add_argument("--listen", help="HOST:PORT, overrides fleet.yaml (default 127.0.0.1:8080)")
-    parser.add_argument("--demo", action="store_true", help="serve a stub model named 'demo'")
+    arg = parser.add_argument
+    arg("--config", type=Path, help="fleet.yaml (see docs/gateway.md)")
+    arg("--listen", help="HOST:PORT, overrides fleet.yaml (default 127.0.0.1:8080)")
+    arg("--demo", action="store_true", help="serve a stub model named 'demo'")
+    arg("--workers", default="1", help="gateway processes on the port: N, or auto (the cores)")
+    # Set by the supervisor for its workers; not for people.
+    arg("--worker", type=int, help=argparse.SUPPRESS)
+    arg("--demo-url", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -58,11 +71,36 @@ def _settings(args: argparse.Namespace, env: dict[str, str]) -> tuple[GatewaySet
     settings = from_env(env, config)
     listen = args.listen or config.listen
     parse_listen(listen)
-    if not (config.upstreams or args.demo or settings.control_plane_url):
+    if not (config.upstreams or args.demo or args.demo_url or settings.control_plane_url):
         raise ConfigError(
             "no upstreams: pass --config fleet.yaml, --demo, or set FLEET_CONTROL_PLANE_URL"
         )
     return settings, listen
+
+
+def _needs_shared_store(settings: GatewaySettings, count: int) -> None:
+    """The memory store is per process: N workers would each grant the whole limit."""
+    admission = settings.admission
+    policy = admission.policy
+    limited = bool(policy.tenants or policy.projects) or any(
+        policy.default.get(dim) is not None for dim in DIMENSIONS
+    )
+    if count > 1 and admission.redis_url is None and (limited or settings.database is not None):
+        raise ConfigError(
+            f"--workers {count} with rate limits or budgets needs FLEET_REDIS_URL: the memory "
+            "store is per process, so each worker would grant the whole limit"
+        )
+
+
+def _as_worker(settings: GatewaySettings, index: int, env: dict[str, str]) -> GatewaySettings:
+    metrics_dir = env.get("PROMETHEUS_MULTIPROC_DIR")
+    if not metrics_dir:
+        raise ConfigError("--worker is set by fleet-gateway --workers N; do not pass it yourself")
+    database = settings.database
+    if database is not None:
+        spool = workers.spool_for(database.spool_path, index)
+        database = dataclasses.replace(database, spool_path=spool)
+    return dataclasses.replace(settings, metrics_dir=Path(metrics_dir), database=database)
 
 
 def _demo_delay(env: dict[str, str]) -> float:
@@ -78,21 +116,37 @@ def _refuse(exc: ConfigError) -> SystemExit:
     return SystemExit(2)
 
 
+def _worker_argv(args: argparse.Namespace, listen: str, count: int, demo: str | None) -> list[str]:
+    argv = ["--listen", listen, "--workers", str(count)]
+    argv += ["--config", str(args.config)] if args.config else []
+    return argv + (["--demo-url", demo] if demo else [])
+
+
 def gateway_main(argv: Sequence[str] | None = None) -> None:
     args = _gateway_args(argv)
     env = dict(os.environ)
     try:
         settings, listen = _settings(args, env)
+        count = workers.parse_workers(args.workers)
+        _needs_shared_store(settings, count)
+        if args.worker is not None:
+            settings = _as_worker(settings, args.worker, env)
+        delay = _demo_delay(env) if args.demo else 0.0
     except ConfigError as exc:
         raise _refuse(exc) from None
     setup_logging(fmt=settings.log.format, level=settings.log.level)
     with contextlib.ExitStack() as stack:
+        demo = args.demo_url
         if args.demo:
             try:
-                delay = _demo_delay(env)
-                url = stack.enter_context(demo_engine(token_delay_ms=delay))
+                demo = stack.enter_context(demo_engine(token_delay_ms=delay))
             except ConfigError as exc:
                 raise _refuse(exc) from None
-            config = with_demo(settings.config, url)
-            settings = GatewaySettings(**{**settings.__dict__, "config": config})
-        run(_run_gateway(settings, listen=listen))
+        if demo:
+            settings = dataclasses.replace(settings, config=with_demo(settings.config, demo))
+        if count > 1 and args.worker is None:
+            worker_argv = _worker_argv(args, listen, count, demo)
+            status = workers.supervise(worker_argv, count, grace_s=settings.shutdown_grace_s)
+            raise SystemExit(status)
+        worker = f"{args.worker}/{count}" if args.worker is not None else ""
+        run(_run_gateway(settings, listen=listen, worker=worker))

@@ -9,6 +9,12 @@ Each ``GatewayMetrics`` owns its ``CollectorRegistry`` — never prometheus_clie
 the resources object holds it like any other dependency, and two apps (or two tests) in one process
 never add into each other's counters (STYLE §2).
 
+With ``fleet-gateway --workers N`` each worker is its own process: its metrics go to
+prometheus_client's multiprocess files (``multiprocess_dir``, the ``PROMETHEUS_MULTIPROC_DIR`` the
+supervisor gives every worker), and a scrape, whichever worker answers it, sums every worker's
+counters and histograms and the live workers' in-flight gauges. Endpoint readiness is the
+answering worker's own view (every worker checks every endpoint).
+
 Guarantee: no label value ever carries an API key or a key id. ``UsageRecord.key_id`` is never
 used as a label, and every label value taken from a record or a caller passes a check here:
 a value containing the record's key id, or a tenant/project/level/dimension containing ``/`` (keys
@@ -19,12 +25,14 @@ Endpoint URLs lose any userinfo, query and fragment, where credentials could hid
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from fleet_core.metering.records import UsageRecord
 
@@ -58,9 +66,16 @@ class GatewayMetrics:
     """Counters, gauges and histograms for one gateway, and their exposition."""
 
     def __init__(
-        self, *, endpoints: EndpointStates = _no_endpoints, signals: EndpointSignals = _no_signals
+        self,
+        *,
+        endpoints: EndpointStates = _no_endpoints,
+        signals: EndpointSignals = _no_signals,
+        multiprocess_dir: Path | None = None,
     ) -> None:
         self._registry = CollectorRegistry()
+        self._exposed = self._registry if multiprocess_dir is None else CollectorRegistry()
+        if multiprocess_dir is not None:
+            MultiProcessCollector(self._exposed, path=str(multiprocess_dir))  # type: ignore[no-untyped-call]
         registry = self._registry
         scope = ("tenant", "project", "model")
         self._requests = Counter(
@@ -94,6 +109,7 @@ class GatewayMetrics:
             "Requests received and not yet finished.",
             ("model",),
             registry=registry,
+            multiprocess_mode="livesum",  # a worker that exited holds nothing in flight
         )
         self._refusals = Counter(
             "fleet_rate_limit_refusals_total",
@@ -111,8 +127,9 @@ class GatewayMetrics:
             "Settlement batches given up (over the retry cap, or unconfirmed at shutdown).",
             registry=registry,
         )
-        registry.register(_EndpointReadiness(endpoints))
-        registry.register(_EngineSignals(signals))
+        # Asked live at each scrape: the answering worker's own view with --workers N.
+        self._exposed.register(_EndpointReadiness(endpoints))
+        self._exposed.register(_EngineSignals(signals))
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -155,7 +172,7 @@ class GatewayMetrics:
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """The exposition and its content type: OpenMetrics if ``accept`` asks, else text 0.0.4."""
         encode, content_type = choose_encoder(accept or "")
-        return encode(self._registry), content_type
+        return encode(self._exposed), content_type
 
 
 class _ScopeLabels(NamedTuple):

@@ -1,0 +1,249 @@
+"""``fleet-gateway --workers N`` (issue 21): N real worker processes on one port behave as one
+gateway — limits exact across workers, metrics that add up, SIGTERM drains every worker.
+
+Each test starts a real supervisor with two workers; ``spread`` checks (through /proc, psutil)
+that the connections really landed on both workers, so nothing here passes on one worker alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleet_core.errors import ConfigError
+from fleet_core.gateway import workers
+from fleet_core.stub_engine import StubSettings, running_stub
+
+from .test_admission_processes import KEY, OPS, burst_client, chat
+from .test_config_and_cli import free_port, run_cli
+
+
+@given(
+    affinity=st.integers(1, 512),
+    quota=st.none() | st.tuples(st.integers(-1, 10**7), st.integers(1, 10**6)),
+)
+def test_cores_never_exceed_affinity_nor_quota(
+    affinity: int, quota: tuple[int, int] | None
+) -> None:
+    cores = workers.cores_available(affinity, quota)
+    assert 1 <= cores <= affinity
+    if quota is not None and quota[0] > 0:
+        assert cores == min(affinity, max(1, -(-quota[0] // quota[1])))
+
+
+def test_cgroup_quota_files() -> None:
+    assert workers.cgroup_quota("max 100000\n", None) is None
+    assert workers.cgroup_quota("150000 100000\n", None) == (150000, 100000)
+    assert workers.cores_available(16, workers.cgroup_quota("150000 100000", None)) == 2
+    assert workers.cgroup_quota(None, ("-1\n", "100000\n")) is None
+    assert workers.cgroup_quota(None, ("400000\n", "100000\n")) == (400000, 100000)
+    assert workers.cgroup_quota("garbage", None) is None
+    assert workers.parse_workers("auto") == workers.cores_here() >= 1
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "", "99999"])
+def test_a_bad_worker_count_is_refused(value: str) -> None:
+    with pytest.raises(ConfigError, match="--workers"):
+        workers.parse_workers(value)
+
+
+def test_spool_per_worker() -> None:
+    path = Path("/var/fleet/ledger-spool.jsonl")
+    assert workers.spool_for(path, 0) == path
+    assert workers.spool_for(path, 3) == Path("/var/fleet/ledger-spool-3.jsonl")
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"FLEET_RATE_RPM": "100"},
+        {"FLEET_AUTH_REQUIRED": "true", "FLEET_API_KEYS": KEY, "FLEET_RATE_TENANTS": "acme|rpm=5"},
+    ],
+)
+def test_memory_store_with_several_workers_refuses_to_start(env: dict[str, str]) -> None:
+    result = run_cli("--demo", "--workers", "2", env=env)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "needs FLEET_REDIS_URL" in result.stderr
+
+
+def test_a_bad_workers_flag_is_one_line() -> None:
+    result = run_cli("--demo", "--workers", "lots")
+    assert result.returncode == 2
+    assert result.stderr.startswith("fleet-gateway: --workers 'lots'")
+
+
+@contextlib.asynccontextmanager
+async def supervised(
+    tmp_path: Path, env: dict[str, str], **stub: object
+) -> AsyncIterator[tuple[str, subprocess.Popen[str]]]:
+    """A stub engine and ``fleet-gateway --workers 2`` in front of it: (url, supervisor)."""
+    async with running_stub(StubSettings(model="m", **stub)) as engine:  # type: ignore[arg-type]
+        config = tmp_path / "fleet.yaml"
+        config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
+        port = free_port()
+        proc = _supervisor(config, port, env)
+        try:
+            await _until_both_ready(proc, f"http://127.0.0.1:{port}")
+            yield f"http://127.0.0.1:{port}", proc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()  # no requests left: the workers stop at once
+                await asyncio.to_thread(proc.wait, 30)
+            if proc.stderr is not None:
+                proc.stderr.close()
+
+
+def _supervisor(config: Path, port: int, env: dict[str, str]) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "fleet_core.gateway", "--config", str(config)]
+    command += ["--listen", f"127.0.0.1:{port}", "--workers", "2"]
+    full = {**os.environ, "FLEET_ACCESS_LOG": "false", **env}
+    return subprocess.Popen(command, env=full, stderr=subprocess.PIPE, text=True)
+
+
+def _workers(proc: subprocess.Popen[str]) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(proc.pid).children()
+    return []
+
+
+async def _until_both_ready(proc: subprocess.Popen[str], url: str, within_s: float = 60) -> None:
+    """Both workers listening and ready (each has its own health checks)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    port = int(url.rsplit(":", 1)[1])
+    while True:
+        assert proc.poll() is None, "the supervisor exited"
+        listening = [w for w in _workers(proc) if _connections(w, port, psutil.CONN_LISTEN)]
+        if len(listening) == 2:
+            async with httpx.AsyncClient() as http:  # a new connection each time: any worker
+                oks = [await _ready(http, url) for _ in range(8)]
+            if all(oks):
+                return
+        assert loop.time() < deadline, "the workers never became ready"
+        await asyncio.sleep(0.2)
+
+
+async def _ready(http: httpx.AsyncClient, url: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError):
+        return (await http.get(f"{url}/readyz", headers={"connection": "close"})).is_success
+    return False
+
+
+def _connections(worker: psutil.Process, port: int, status: str) -> int:
+    with contextlib.suppress(psutil.Error):
+        found = worker.net_connections(kind="tcp")
+        return sum(1 for c in found if c.laddr and c.laddr.port == port and c.status == status)
+    return 0
+
+
+def spread(proc: subprocess.Popen[str], url: str) -> list[int]:
+    """Established client connections each worker holds on the gateway's port."""
+    port = int(url.rsplit(":", 1)[1])
+    return [_connections(w, port, psutil.CONN_ESTABLISHED) for w in _workers(proc)]
+
+
+def shared_env(redis_url: str, redis_prefix: str, **env: str) -> dict[str, str]:
+    return {
+        "FLEET_AUTH_REQUIRED": "true",
+        "FLEET_API_KEYS": KEY,
+        "FLEET_REDIS_URL": redis_url,
+        "FLEET_REDIS_PREFIX": redis_prefix,
+        "FLEET_METRICS_TOKEN": OPS,
+        **env,
+    }
+
+
+async def test_two_workers_share_one_limit_exactly(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    env = shared_env(redis_url, redis_prefix, FLEET_RATE_TENANTS="acme|rpm=50,tpm=100000")
+    async with supervised(tmp_path, env) as (url, proc), burst_client() as http:
+        statuses = await asyncio.gather(*(chat(http, url, 5) for _ in range(200)))
+        per_worker = spread(proc, url)
+    assert len(per_worker) == 2, per_worker
+    assert min(per_worker) > 0, per_worker
+    assert Counter(statuses) == {200: 50, 429: 150}
+
+
+async def test_a_scrape_after_k_requests_shows_k_whichever_worker_answers(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    k = 120
+    env = shared_env(redis_url, redis_prefix, FLEET_RATE_TENANTS="acme|rpm=100000,tpm=10000000")
+    async with supervised(tmp_path, env) as (url, proc):
+        async with burst_client() as http:
+            statuses = await asyncio.gather(*(chat(http, url, 5) for _ in range(k)))
+            per_worker = spread(proc, url)
+        assert Counter(statuses) == {200: k}
+        assert len(per_worker) == 2, per_worker
+        assert min(per_worker) > 0, per_worker
+        scrapes = [await _scrape(url) for _ in range(6)]  # new connections: both workers answer
+    for text in scrapes:
+        assert _sample(text, "fleet_requests_total") == k
+        assert _sample(text, "fleet_request_duration_seconds_count") == k
+        assert _sample(text, "fleet_requests_in_flight") == 0
+
+
+async def _scrape(url: str) -> str:
+    async with httpx.AsyncClient() as http:
+        got = await http.get(f"{url}/metrics", headers={"Authorization": f"Bearer {OPS}"})
+    assert got.status_code == 200
+    return got.text
+
+
+def _sample(text: str, name: str) -> float:
+    """The sum of every series of ``name`` in an exposition."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
+
+
+async def test_sigterm_drains_every_worker(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    env = shared_env(redis_url, redis_prefix, FLEET_SHUTDOWN_GRACE_S="30")
+    reply = " ".join(["word"] * 30)
+    async with supervised(tmp_path, env, token_delay_ms=60, reply=reply) as (url, proc):
+        async with burst_client() as http:
+            started = [asyncio.Event() for _ in range(16)]
+            streams = [asyncio.create_task(_stream(http, url, s)) for s in started]
+            await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), 30)
+            per_worker = spread(proc, url)
+            proc.send_signal(signal.SIGTERM)
+            outcomes = await asyncio.gather(*streams)
+        code = await asyncio.to_thread(proc.wait, 40)
+        stderr = proc.stderr.read() if proc.stderr else ""
+    assert len(per_worker) == 2, per_worker
+    assert min(per_worker) > 0, per_worker
+    assert outcomes == [(30, True)] * 16  # every open stream ran to its end
+    assert code == 0, stderr
+    assert stderr.count("stopped") == 2, stderr  # both workers drained and stopped
+
+
+async def _stream(http: httpx.AsyncClient, url: str, started: asyncio.Event) -> tuple[int, bool]:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    words, done = 0, False
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with http.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            started.set()
+            done = done or line == "data: [DONE]"
+            words += line.startswith("data: {") and '"content":"word' in line.replace(" ", "")
+    return words, done
