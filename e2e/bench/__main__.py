@@ -2,7 +2,8 @@
 
 ``FLEET_BENCH_ONLY=gateway``, ``=admission``, ``=ledger``, ``=database``, ``=pull``, ``=costs``,
 ``=console``, ``=operator`` or ``=routing`` runs one section (the other sections of
-docs/benchmarks.md are kept as they were).
+docs/benchmarks.md are kept as they were). ``FLEET_BENCH_ONLY=soak`` runs the 30-minute soak
+(``FLEET_BENCH_SOAK_S`` shortens it), which a plain ``make bench`` leaves out.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from bench import (
     operator_bench,
     pull_bench,
     routing_bench,
+    soak_bench,
 )
 
 
@@ -43,6 +45,8 @@ def main() -> None:
         sections.append(operator_bench.report(operator_bench.run()))
     if only in ("", "routing"):
         sections.append(routing_bench.report(routing_bench.run()))
+    if only == "soak":
+        sections.append(soak_bench.report(soak_bench.run()))
     gateway_bench.write_report(sections)
 
 

@@ -1,10 +1,15 @@
-"""Gateway overhead: direct to the stub engine, through a bare proxy, through fleet-gateway.
+"""Gateway overhead against honest baselines: the floor, the ASGI servers, more workers, LiteLLM.
 
 Every process is separate (engine, proxies, gateways, load generator) and all share this machine's
-2 cores, so absolute numbers are noisy; the ratios within one run are what the targets judge:
-gateway/bare-proxy throughput (target >= 70%) and the gateway's added p50 for a sequential client
-(target <= 1 ms). The same gateway and bare proxy are also served by uvicorn and granian, because
-the bare proxy on hypercorn already loses more than half of a direct call's throughput.
+cores, so absolute numbers are noisy; the ratios within one run, taken round by round over
+interleaved rounds, are what the targets judge (issue 21):
+
+- the floor is a pass-through proxy on aiohttp's own server and client (``aiohttp_proxy.py``):
+  gateway throughput >= 70% of it at c=32 and c=64, plain and stream. The Starlette bare proxy on
+  each ASGI server stays as a row, to show what the server alone costs;
+- LiteLLM's proxy (``litellm_peer.py``, one worker, its own venv): gateway throughput >= 20x, and
+  the gateway's added sequential p50 <= 1/10 of LiteLLM's;
+- ``fleet-gateway --workers 2`` on 2 cores (the load generator sharing them): >= 1.4x one worker.
 """
 
 from __future__ import annotations
@@ -22,14 +27,22 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from bench import litellm_peer
+
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = float(os.environ.get("FLEET_BENCH_SECONDS", "3"))
 ROUNDS = int(os.environ.get("FLEET_BENCH_ROUNDS", "3"))
 SERVERS = ("hypercorn", "uvicorn", "granian")
-FULL = ("sequential", "first frame", "plain c=16", "plain c=64", "stream c=16", "stream c=64")
+FULL = ("sequential", "first frame", "plain c=32", "plain c=64", "stream c=32", "stream c=64")
 SHORT = ("sequential", "plain c=64", "stream c=64")
+PEER = ("sequential", "plain c=32", "stream c=32")
+THROUGHPUT = ("plain c=32", "plain c=64", "stream c=32", "stream c=64")
 Cell = dict[str, float]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "e2e")}
+FLOOR = "aiohttp proxy (floor)"
+GATEWAY = "fleet-gateway (hypercorn)"
+WORKERS = "fleet-gateway --workers 2"
+LITELLM = f"LiteLLM proxy {litellm_peer.VERSION}"
 
 
 def free_port() -> int:
@@ -38,8 +51,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for(url: str, proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(300):
+def wait_for(url: str, proc: subprocess.Popen[bytes], within_s: float = 120) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"bench: a server exited early ({proc.args!r})")
         try:
@@ -86,59 +100,99 @@ def load(url: str, cell: str, key: str | None = None) -> Cell:
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
+def _python(*args: str) -> list[str]:
+    return [sys.executable, "-m", *args]
+
+
 @contextlib.contextmanager
-def servers() -> Iterator[dict[str, str]]:
-    """The stub engine, then a bare proxy and a gateway on each ASGI server; name -> URL."""
+def servers() -> Iterator[tuple[dict[str, str], str]]:
+    """The stub engine and every target in front of it: (name -> URL, LiteLLM's state), the
+    state being "" when it runs, else "skipped: <why>"."""
     engine = free_port()
     direct = f"http://127.0.0.1:{engine}"
     urls = {"direct": direct}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         config = Path(tmp) / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: bench\n    model: bench\n    base_url: {direct}\n")
+        stub = _python("fleet_core.stub_engine", "--port", str(engine), "--model", "bench")
+        stack.enter_context(process(stub, direct + "/health"))
+
+        def serve(name: str, *args: str) -> None:
+            """Start ``python -m *args``, PORT in ``args`` replaced by a free port."""
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            command = _python(*(a.replace("PORT", str(port)) for a in args))
+            stack.enter_context(process(command, url + "/healthz"))
+            urls[name] = url
+
+        serve(FLOOR, "bench.aiohttp_proxy", "PORT", direct)
+        for server in SERVERS:
+            serve(f"bare proxy ({server})", "bench.serve", server, "bare", "PORT", direct)
+            gateway = ("bench.serve", server, "gateway", "PORT", str(config))
+            serve(f"fleet-gateway ({server})", *gateway)
+        workers = ("fleet_core.gateway", "--config", str(config), "--workers", "2")
+        serve(WORKERS, *workers, "--listen", "127.0.0.1:PORT")
+        state = _start_litellm(stack, direct, Path(tmp))
+        if not state.startswith("skipped"):
+            urls[LITELLM], state = state, ""
+        time.sleep(0.5)
+        yield urls, state
+
+
+def _start_litellm(stack: contextlib.ExitStack, direct: str, tmp: Path) -> str:
+    """LiteLLM's URL once it answers, or "skipped: <why>"."""
+    program = litellm_peer.install()
+    if isinstance(program, str):
+        return f"skipped: {program}"
+    config = tmp / "litellm.yaml"
+    config.write_text(litellm_peer.config(direct))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    try:
         stack.enter_context(
             process(
-                [
-                    sys.executable,
-                    "-m",
-                    "fleet_core.stub_engine",
-                    "--port",
-                    str(engine),
-                    "--model",
-                    "bench",
-                ],
-                direct + "/health",
+                litellm_peer.command(program, config, port),
+                url + "/health/liveliness",
+                litellm_peer.environment(),
             )
         )
-        for server in SERVERS:
-            for kind, target in (("bare", direct), ("gateway", str(config))):
-                port = free_port()
-                url = f"http://127.0.0.1:{port}"
-                stack.enter_context(
-                    process(
-                        [sys.executable, "-m", "bench.serve", server, kind, str(port), target],
-                        url + "/healthz",
-                    )
-                )
-                urls[f"{'bare proxy' if kind == 'bare' else 'fleet-gateway'} ({server})"] = url
-        time.sleep(0.5)
-        yield urls
+    except SystemExit as exc:
+        return f"skipped: LiteLLM did not start ({exc})"
+    return url
 
 
 Samples = dict[str, dict[str, list[Cell]]]
 
 
-def run() -> Samples:
+def _cells(name: str) -> tuple[str, ...]:
+    if name == LITELLM:
+        return PEER
+    if "uvicorn" in name or "granian" in name:
+        return SHORT
+    return FULL
+
+
+def run() -> tuple[Samples, str, list[str]]:
     """Every cell of every target, ``ROUNDS`` times, interleaved so that drift on the machine
     falls on all targets alike; ratios are then taken round by round."""
     samples: Samples = {}
-    with servers() as urls:
+    loads = [load_average()]
+    with servers() as (urls, litellm):
         for round_ in range(ROUNDS):
             for name, url in urls.items():
-                cells = FULL if name == "direct" or "hypercorn" in name else SHORT
-                for cell in cells:
-                    samples.setdefault(name, {}).setdefault(cell, []).append(load(url, cell))
-            print(f"bench: round {round_ + 1} of {ROUNDS} done", file=sys.stderr)
-    return samples
+                key = litellm_peer.KEY if name == LITELLM else None
+                for cell in _cells(name):
+                    samples.setdefault(name, {}).setdefault(cell, []).append(load(url, cell, key))
+            loads.append(load_average())
+            print(f"bench: round {round_ + 1} of {ROUNDS} done ({loads[-1]})", file=sys.stderr)
+    return samples, litellm, loads
+
+
+def load_average() -> str:
+    """The machine's 1-minute load average: how shared the cores were during a run."""
+    with contextlib.suppress(OSError):
+        return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+    return "load average unknown"
 
 
 def median(values: list[float]) -> float:
@@ -188,58 +242,109 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
-def report(samples: Samples) -> list[str]:
+def report(result: tuple[Samples, str, list[str]]) -> list[str]:
+    samples, litellm, loads = result
     medians = {
         name: {cell: summary(runs) for cell, runs in cells.items()}
         for name, cells in samples.items()
     }
     lines = [
-        "## Gateway overhead (issue 3)",
+        "## Gateway overhead (issues 3, 21)",
         "",
         f"Each cell: requests/s / p50 ms / p99 ms, the median of {ROUNDS} interleaved rounds.",
-        "`sequential` is one client, non-stream; `first frame` is one client timing a stream's",
-        "first SSE frame (time to first token). Ratios and differences are taken round by round",
-        "(gateway and baseline measured minutes apart at most), then the median is reported.",
+        f"Machine load before and after each round: {'; '.join(loads)} (other work shares the",
+        "cores: high load makes every figure noisy). `sequential` is one client, non-stream;",
+        "`first frame` is one client timing a stream's first SSE frame. Ratios and differences are taken round by round, then",
+        "the median is reported. The floor is a pass-through proxy on aiohttp's own server and",
+        "client; the bare proxies are Starlette + aiohttp on each ASGI server. LiteLLM: its proxy,",
+        f"one worker, `litellm[proxy]=={litellm_peer.VERSION}` in a venv of its own.",
         "",
         "| target | " + " | ".join(FULL) + " |",
         "|---|" + "---|" * len(FULL),
     ]
     lines += [_row(name, cells, FULL) for name, cells in medians.items()]
-    gw, bare = "fleet-gateway (hypercorn)", "bare proxy (hypercorn)"
-    lines += ["", "| target (hypercorn, as shipped) | measured | verdict |", "|---|---|---|"]
-    for cell in ("plain c=16", "plain c=64", "stream c=16", "stream c=64"):
-        r = ratio(samples, gw, bare, cell)
-        lines.append(f"| gateway/bare throughput, {cell} >= 70% | {r:.0%} | {_verdict(r >= 0.7)} |")
-    seq = added(samples, gw, "direct", "sequential")
-    over_bare = added(samples, gw, bare, "sequential")
+    if litellm:
+        lines.append(f"| {LITELLM} | {litellm} |" + " |" * (len(FULL) - 1))
+    lines += ["", "| target | measured | verdict |", "|---|---|---|"]
+    lines += _floor_verdicts(samples)
+    lines += _peer_verdicts(samples, litellm)
+    lines += _worker_verdicts(samples)
+    lines += _server_table(samples, medians)
+    errors = sum(c["errors"] for cells in samples.values() for runs in cells.values() for c in runs)
+    lines += ["", f"Non-200 answers during the run: {errors}.", ""]
+    return lines
+
+
+def _floor_verdicts(samples: Samples) -> list[str]:
+    lines = []
+    for cell in THROUGHPUT:
+        r = ratio(samples, GATEWAY, FLOOR, cell)
+        bare = ratio(samples, GATEWAY, "bare proxy (hypercorn)", cell)
+        lines.append(
+            f"| gateway/floor throughput, {cell} >= 70% | {r:.0%} "
+            f"({bare:.0%} of the hypercorn bare proxy) | {_verdict(r >= 0.7)} |"
+        )
+    seq = added(samples, GATEWAY, "direct", "sequential")
+    floor = added(samples, FLOOR, "direct", "sequential")
     lines.append(
-        f"| added p50, sequential, vs direct <= 1 ms | {seq:.2f} ms "
-        f"({over_bare:+.2f} ms vs the bare proxy) | {_verdict(seq <= 1)} |"
+        f"| added p50, sequential, vs direct <= 1 ms | {seq:.2f} ms (the floor adds "
+        f"{floor:.2f} ms) | {_verdict(seq <= 1)} |"
     )
-    first = added(samples, gw, "direct", "first frame")
+    first = added(samples, GATEWAY, "direct", "first frame")
     lines.append(
         f"| added p50 to the first stream frame (a few ms) | {first:.2f} ms | "
         f"{_verdict(first <= 3)} |"
     )
-    lines += [
+    return lines
+
+
+def _peer_verdicts(samples: Samples, litellm: str) -> list[str]:
+    if litellm:
+        return [f"| gateway vs LiteLLM | {litellm} | not measured |"]
+    lines = []
+    for cell in PEER[1:]:
+        r = ratio(samples, GATEWAY, LITELLM, cell)
+        lines.append(
+            f"| gateway/LiteLLM throughput, {cell} >= 20x | {r:.1f}x | {_verdict(r >= 20)} |"
+        )
+    ours = added(samples, GATEWAY, "direct", "sequential")
+    theirs = added(samples, LITELLM, "direct", "sequential")
+    lines.append(
+        f"| added p50, sequential, <= 1/10 of LiteLLM's | {ours:.2f} ms vs {theirs:.2f} ms "
+        f"(1/{theirs / ours if ours > 0 else float('inf'):.0f}) | {_verdict(ours * 10 <= theirs)} |"
+    )
+    return lines
+
+
+def _worker_verdicts(samples: Samples) -> list[str]:
+    lines = []
+    for cell in ("plain c=32", "plain c=64", "stream c=32", "stream c=64"):
+        r = ratio(samples, WORKERS, GATEWAY, cell)
+        lines.append(
+            f"| --workers 2 / one worker, {cell} >= 1.4x | {r:.2f}x | {_verdict(r >= 1.4)} |"
+        )
+    return lines
+
+
+def _server_table(samples: Samples, medians: dict[str, dict[str, Cell]]) -> list[str]:
+    lines = [
         "",
-        "Server comparison (same app objects; only the ASGI server differs):",
+        "Server comparison (same app objects; only the ASGI server differs; ratios to the floor):",
         "",
-        "| server | bare plain c=64 req/s | gateway plain c=64 req/s | gateway/bare | "
-        "bare stream c=64 | gateway stream c=64 | gateway/bare | gateway sequential p50 ms |",
+        "| server | bare plain c=64 req/s | gateway plain c=64 req/s | gateway/floor | "
+        "bare stream c=64 | gateway stream c=64 | gateway/floor | gateway sequential p50 ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for server in SERVERS:
         b, g = f"bare proxy ({server})", f"fleet-gateway ({server})"
         lines.append(
             f"| {server} | {medians[b]['plain c=64']['rps']:.0f} | "
-            f"{medians[g]['plain c=64']['rps']:.0f} | {ratio(samples, g, b, 'plain c=64'):.0%} | "
+            f"{medians[g]['plain c=64']['rps']:.0f} | "
+            f"{ratio(samples, g, FLOOR, 'plain c=64'):.0%} | "
             f"{medians[b]['stream c=64']['rps']:.0f} | {medians[g]['stream c=64']['rps']:.0f} | "
-            f"{ratio(samples, g, b, 'stream c=64'):.0%} | "
+            f"{ratio(samples, g, FLOOR, 'stream c=64'):.0%} | "
             f"{medians[g]['sequential']['p50_ms']:.2f} |"
         )
-    errors = sum(c["errors"] for cells in samples.values() for runs in cells.values() for c in runs)
-    lines += ["", f"Non-200 answers during the run: {errors}.", ""]
     return lines
 
 

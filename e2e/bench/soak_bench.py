@@ -1,0 +1,196 @@
+"""Memory and growth (issue 21): the gateway under a long mixed load must come back to where it was.
+
+``FLEET_BENCH_ONLY=soak``: a gateway process (as shipped: one worker, hypercorn) in front of the
+stub engine takes ``FLEET_BENCH_SOAK_S`` seconds (default 1800) of bounded load from a client in
+its own process — 16 connections, each request chosen at random: non-stream (50%), a whole stream
+(35%), or a stream the client leaves after its first frame (15%). Before and after, the load stops
+and the gateway idles past the engine pool's keep-alive; then its RSS, open file descriptors, TCP
+connections and the ``fleet_requests_in_flight`` gauge are read. Targets: RSS growth <= 10%,
+in flight back to 0, descriptors and connections back to the baseline. RSS is also sampled during
+the run, to show a trend rather than two points.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import psutil  # type: ignore[import-untyped]
+import uvloop
+
+from bench.gateway_bench import ENV, free_port, load_average, process
+
+__all__ = ["report", "run"]
+
+SOAK_S = float(os.environ.get("FLEET_BENCH_SOAK_S", "1800"))
+WARM_S = min(60.0, SOAK_S / 10)
+CONCURRENCY = 16
+IDLE_S = 20.0  # past aiohttp's 15 s keep-alive for idle engine connections
+BODY = {"model": "bench", "messages": [{"role": "user", "content": "soak"}], "max_tokens": 16}
+
+
+@dataclass(frozen=True)
+class Soak:
+    before: dict[str, float]
+    after: dict[str, float]
+    counts: dict[str, int]
+    trend: list[float]
+    elapsed_s: float
+    load: str
+
+
+def _state(proc: psutil.Process, url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    in_flight = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("fleet_requests_in_flight")
+    )
+    return {
+        "rss_mb": proc.memory_info().rss / 2**20,
+        "fds": proc.num_fds(),
+        "tcp": len(proc.net_connections(kind="tcp")),
+        "in_flight": in_flight,
+    }
+
+
+def _drive(url: str, seconds: float, samples: list[float], proc: psutil.Process) -> dict[str, int]:
+    """Run the load client for ``seconds``, sampling RSS every ~30 s; its counts."""
+    client = subprocess.Popen(
+        [sys.executable, "-m", "bench.soak_bench", url, str(CONCURRENCY), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    while client.poll() is None:
+        samples.append(proc.memory_info().rss / 2**20)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            client.wait(timeout=min(30.0, max(1.0, seconds / 20)))
+    assert client.stdout is not None
+    return json.loads(client.stdout.read())  # type: ignore[no-any-return]
+
+
+def run() -> Soak:
+    engine = free_port()
+    direct = f"http://127.0.0.1:{engine}"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        config = Path(tmp) / "fleet.yaml"
+        config.write_text(f"upstreams:\n  - id: bench\n    model: bench\n    base_url: {direct}\n")
+        stub = [sys.executable, "-m", "fleet_core.stub_engine", "--port", str(engine)]
+        stub += ["--token-delay-ms", "2"]  # streams last ~30 ms, so leaving one is mid-way
+        stack.enter_context(process([*stub, "--model", "bench"], direct + "/health"))
+        gateway = [sys.executable, "-m", "fleet_core.gateway", "--config", str(config)]
+        gateway += ["--listen", f"127.0.0.1:{port}"]
+        stack.enter_context(process(gateway, url + "/healthz", {"FLEET_ACCESS_LOG": "false"}))
+        proc = _gateway_process(port)
+        trend: list[float] = []
+        _drive(url, WARM_S, [], proc)
+        time.sleep(IDLE_S)
+        before = _state(proc, url)
+        started = time.monotonic()
+        counts = _drive(url, SOAK_S, trend, proc)
+        elapsed = time.monotonic() - started
+        time.sleep(IDLE_S)
+        after = _state(proc, url)
+    return Soak(before, after, counts, trend, elapsed, load_average())
+
+
+def _gateway_process(port: int) -> psutil.Process:
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return psutil.Process(conn.pid)
+    raise SystemExit(f"bench: no process listens on port {port}")
+
+
+def report(result: Soak) -> list[str]:
+    before, after, counts = result.before, result.after, result.counts
+    growth = after["rss_mb"] / before["rss_mb"] - 1
+    minutes = result.elapsed_s / 60
+    short = " (shortened with FLEET_BENCH_SOAK_S: not the 30-minute soak)" if SOAK_S < 1800 else ""
+    points = ", ".join(f"{mb:.1f}" for mb in _spread(result.trend, 8))
+    return [
+        "## Soak: memory and growth (issue 21)",
+        "",
+        f"fleet-gateway (one worker) under {minutes:.1f} minutes of mixed load{short}:",
+        f"{CONCURRENCY} connections; non-stream 50%, whole streams 35%, streams left after the",
+        f"first frame 15%. {counts['ok']} requests answered, {counts['left']} streams left",
+        f"mid-way, {counts['errors']} errors. {result.load} at the end.",
+        f"Before and after: the load stopped and the gateway idle for {IDLE_S:.0f} s.",
+        "",
+        "| measure | before | after | target | verdict |",
+        "|---|---|---|---|---|",
+        f"| RSS | {before['rss_mb']:.1f} MB | {after['rss_mb']:.1f} MB ({growth:+.1%}) | "
+        f"<= +10% | {_verdict(growth <= 0.10)} |",
+        f"| requests in flight | {before['in_flight']:.0f} | {after['in_flight']:.0f} | 0 | "
+        f"{_verdict(after['in_flight'] == 0)} |",
+        f"| open file descriptors | {before['fds']:.0f} | {after['fds']:.0f} | baseline | "
+        f"{_verdict(after['fds'] <= before['fds'])} |",
+        f"| TCP connections | {before['tcp']:.0f} | {after['tcp']:.0f} | baseline | "
+        f"{_verdict(after['tcp'] <= before['tcp'])} |",
+        "",
+        f"RSS during the run (MB, evenly spaced samples): {points}.",
+        "",
+    ]
+
+
+def _spread(values: list[float], count: int) -> list[float]:
+    if len(values) <= count:
+        return values
+    step = (len(values) - 1) / (count - 1)
+    return [values[round(i * step)] for i in range(count)]
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+async def _client(url: str, concurrency: int, seconds: float) -> dict[str, int]:
+    counts = {"ok": 0, "left": 0, "errors": 0}
+    until = time.monotonic() + seconds
+    rng = random.Random(21)
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        roll = rng.random()
+        body = {**BODY, "stream": roll >= 0.5}
+        async with session.post(url + "/v1/chat/completions", json=body) as resp:
+            if resp.status != 200:
+                counts["errors"] += 1
+                await resp.read()
+            elif roll >= 0.85:
+                await resp.content.readuntil(b"\n\n")
+                resp.close()  # leave mid-stream: the connection is dropped, not reused
+                counts["left"] += 1
+            else:
+                await resp.read()
+                counts["ok"] += 1
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while time.monotonic() < until:
+            try:
+                await one(session)
+            except aiohttp.ClientError:
+                counts["errors"] += 1
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return counts
+
+
+if __name__ == "__main__":
+    target, conc, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    print(json.dumps(uvloop.run(_client(target, conc, secs))))
