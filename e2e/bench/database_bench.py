@@ -41,6 +41,7 @@ ENV_LIMITS = {
     "FLEET_RATE_PROJECTS": f"acme/research|rpm=100000000,tpm={BIG}",
 }
 CELLS = ("sequential", "plain c=64")
+OFF = "no auth, limits or ledger"
 
 _SEED = [
     "INSERT INTO tenants (id, name, request_limit, token_limit) VALUES"
@@ -117,9 +118,10 @@ async def _refresh_ms(url: str, repeats: int = 20) -> float:
 
 
 @contextlib.contextmanager
-def gateways(database_url: str, redis: str) -> Iterator[tuple[str, str]]:
-    """(environment mode URL, database mode URL), both on the same engine and Redis."""
-    engine, env_port, db_port = free_port(), free_port(), free_port()
+def gateways(database_url: str, redis: str) -> Iterator[tuple[str, str, str]]:
+    """(environment mode URL, database mode URL, no-auth URL), all on the same engine; the first
+    two on the same Redis, the last without auth, limits or ledger (issue 21's baseline)."""
+    engine, env_port, db_port, off_port = free_port(), free_port(), free_port(), free_port()
     direct = f"http://127.0.0.1:{engine}"
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -143,15 +145,27 @@ def gateways(database_url: str, redis: str) -> Iterator[tuple[str, str]]:
         stack.enter_context(
             process([*base, str(db_port), str(config)], db_url + "/healthz", db_mode)
         )
-        yield env_url, db_url
+        off_url = f"http://127.0.0.1:{off_port}"
+        stack.enter_context(
+            process(
+                [*base, str(off_port), str(config)],
+                off_url + "/healthz",
+                {"FLEET_ACCESS_LOG": "false"},
+            )
+        )
+        yield env_url, db_url, off_url
 
 
 def run(rows: int = ROWS) -> dict[str, object]:
     samples: dict[str, dict[str, list[Cell]]] = {}
     with redis_url() as redis, scratch_database() as database:
         _seed(database)
-        with gateways(database, redis) as (env_url, db_url):
-            targets = (("environment mode", env_url, ENV_KEY), ("database mode", db_url, SECRET))
+        with gateways(database, redis) as (env_url, db_url, off_url):
+            targets = (
+                ("environment mode", env_url, ENV_KEY),
+                ("database mode", db_url, SECRET),
+                (OFF, off_url, None),
+            )
             for round_ in range(ROUNDS):
                 for cell in CELLS:
                     for name, url, key in targets:
@@ -189,6 +203,8 @@ def report(result: dict[str, object]) -> list[str]:
         strict=True,
     )
     ratio = median([db["rps"] / env["rps"] for db, env in pairs])
+    bare = zip(samples["database mode"]["plain c=64"], samples[OFF]["plain c=64"], strict=True)
+    over_off = median([db["rps"] / off["rps"] for db, off in bare])
     p50_empty = median([c["p50_ms"] for c in empty])
     p50_full = median([c["p50_ms"] for c in full])
     growth = p50_full / p50_empty - 1
@@ -223,6 +239,8 @@ def report(result: dict[str, object]) -> list[str]:
         "|---|---|---|",
         f"| database-mode throughput >= 85% of environment mode, c=64 | {ratio:.0%} | "
         f"{'met' if ratio >= 0.85 else 'NOT met'} |",
+        f"| database mode (auth + Redis limits + ledger) >= 85% of the gateway without them, "
+        f"c=64 (issue 21) | {over_off:.0%} | {'met' if over_off >= 0.85 else 'NOT met'} |",
         f"| budget admission p50 with the full ledger within 20% of empty | {growth:+.0%} | "
         f"{'met' if growth <= 0.20 else 'NOT met'} |",
         "",
