@@ -77,7 +77,7 @@ def process(args: list[str], health: str, env: dict[str, str] | None = None) -> 
         proc.wait(timeout=20)
 
 
-def load(url: str, cell: str, key: str | None = None) -> Cell:
+def load(url: str, cell: str, key: str | None = None, seconds: float = SECONDS) -> Cell:
     mode, _, conc = cell.partition(" c=")
     concurrency = int(conc) if conc else 1
     mode = {"sequential": "plain", "first frame": "first"}.get(mode, mode)
@@ -88,7 +88,7 @@ def load(url: str, cell: str, key: str | None = None) -> Cell:
             "bench.load",
             url,
             str(concurrency),
-            str(SECONDS),
+            str(seconds),
             mode,
             *([key] if key else []),
         ],

@@ -247,3 +247,15 @@ async def _stream(http: httpx.AsyncClient, url: str, started: asyncio.Event) -> 
             done = done or line == "data: [DONE]"
             words += line.startswith("data: {") and '"content":"word' in line.replace(" ", "")
     return words, done
+
+
+async def test_workers_stop_when_the_supervisor_is_killed(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    async with supervised(tmp_path, shared_env(redis_url, redis_prefix)) as (_, proc):
+        children = _workers(proc)
+        assert len(children) == 2
+        proc.kill()  # SIGKILL: nothing forwards a signal to the workers
+        await asyncio.to_thread(proc.wait, 10)
+        _, alive = await asyncio.to_thread(psutil.wait_procs, children, 20)
+    assert alive == []

@@ -13,6 +13,7 @@ plane, the model registry, the cost pool, the synthetic hub and the stub engine 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -39,6 +40,7 @@ log = logging.getLogger("fleet.main")
 async def _run_gateway(settings: GatewaySettings, *, listen: str, worker: str = "") -> None:
     """Serve until SIGTERM/SIGINT, then drain. ``worker``: "I/N" in a worker of --workers N."""
     stop = stop_on_signals()
+    orphaned = asyncio.create_task(_stop_when_orphaned(stop)) if worker else None
     async with open_resources(settings) as resources:
         app = create_gateway_app(settings, resources)
         log.info(
@@ -50,7 +52,18 @@ async def _run_gateway(settings: GatewaySettings, *, listen: str, worker: str = 
         await serve_app(
             app, listen, grace_s=settings.shutdown_grace_s, stop=stop, reuse_port=bool(worker)
         )
+    if orphaned is not None:
+        orphaned.cancel()
     log.info("fleet-gateway %sstopped", f"worker {worker} " if worker else "")
+
+
+async def _stop_when_orphaned(stop: asyncio.Event) -> None:
+    """A worker whose supervisor died (SIGKILL, OOM) drains and exits rather than serve on."""
+    parent = os.getppid()
+    while os.getppid() == parent:  # noqa: ASYNC110 - no event says "reparented"; poll
+        await asyncio.sleep(1)
+    log.warning("fleet-gateway: the supervisor is gone; this worker drains and stops")
+    stop.set()
 
 
 def _gateway_args(argv: Sequence[str] | None) -> argparse.Namespace:
