@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import psutil  # type: ignore[import-untyped]
+import psycopg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,6 +28,7 @@ from fleet_core.errors import ConfigError
 from fleet_core.gateway import workers
 from fleet_core.stub_engine import StubSettings, running_stub
 
+from .conftest import issue_tenant_key
 from .test_admission_processes import KEY, OPS, burst_client, chat
 from .test_config_and_cli import free_port, run_cli
 
@@ -261,3 +263,39 @@ async def test_workers_stop_when_the_supervisor_is_killed(
         await asyncio.to_thread(proc.wait, 10)
         _, alive = await asyncio.to_thread(psutil.wait_procs, children, 20)
     assert alive == []
+
+
+async def test_database_mode_workers_write_one_ledger_row_per_request(
+    tmp_path: Path,
+    control_plane: httpx.AsyncClient,
+    postgres_url: str,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    """Each worker has its own ledger writer and spool file; together they write exactly one row
+    per request, none twice."""
+    key = await issue_tenant_key(control_plane, tpm=10_000_000)
+    env = {
+        "FLEET_DATABASE_URL": postgres_url,
+        "FLEET_REDIS_URL": redis_url,
+        "FLEET_REDIS_PREFIX": redis_prefix,
+        "FLEET_LEDGER_SPOOL": str(tmp_path / "spool.jsonl"),
+    }
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    headers = {"Authorization": f"Bearer {key}"}
+    async with supervised(tmp_path, env) as (url, proc):
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=32), timeout=30) as http:
+            answers = await asyncio.gather(
+                *(
+                    http.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+                    for _ in range(60)
+                )
+            )
+            per_worker = spread(proc, url)
+        proc.terminate()  # the writers flush on the way down
+        assert await asyncio.to_thread(proc.wait, 40) == 0
+    assert [a.status_code for a in answers] == [200] * 60
+    assert min(per_worker) > 0, per_worker
+    async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
+        cursor = await conn.execute("SELECT count(*) FROM ledger")
+        assert await cursor.fetchone() == (60,)
