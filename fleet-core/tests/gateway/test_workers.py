@@ -299,3 +299,27 @@ async def test_database_mode_workers_write_one_ledger_row_per_request(
     async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
         cursor = await conn.execute("SELECT count(*) FROM ledger")
         assert await cursor.fetchone() == (60,)
+
+
+def test_spools_of_workers_gone_are_adopted(tmp_path: Path) -> None:
+    """From 3 workers down to 2: worker 2's spool (a torn last line included) goes to worker 0's,
+    its replaying file to worker 0's replaying file; workers 0 and 1 keep theirs."""
+    path = tmp_path / "ledger-spool.jsonl"
+    path.write_bytes(b'{"a":1}\n{"torn"')
+    (tmp_path / "ledger-spool-1.jsonl").write_bytes(b'{"b":1}\n')
+    (tmp_path / "ledger-spool-2.jsonl").write_bytes(b'{"c":1}\n')
+    (tmp_path / "ledger-spool-2.jsonl.replaying").write_bytes(b'{"d":1}\n')
+    moved = workers.adopt_orphan_spools(path, 2)
+    assert sorted(p.name for p in moved) == [
+        "ledger-spool-2.jsonl",
+        "ledger-spool-2.jsonl.replaying",
+    ]
+    assert path.read_bytes() == b'{"a":1}\n{"torn"\n{"c":1}\n'
+    assert (tmp_path / "ledger-spool.jsonl.replaying").read_bytes() == b'{"d":1}\n'
+    assert (tmp_path / "ledger-spool-1.jsonl").read_bytes() == b'{"b":1}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ledger-spool-1.jsonl",
+        "ledger-spool.jsonl",
+        "ledger-spool.jsonl.replaying",
+    ]
+    assert workers.adopt_orphan_spools(path, 1) == [tmp_path / "ledger-spool-1.jsonl"]

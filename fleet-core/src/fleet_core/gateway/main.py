@@ -116,6 +116,17 @@ def _as_worker(settings: GatewaySettings, index: int, env: dict[str, str]) -> Ga
     return dataclasses.replace(settings, metrics_dir=Path(metrics_dir), database=database)
 
 
+def _adopt_spools(path: Path, count: int) -> None:
+    """Spools of workers an earlier run had and this one has not go to this run's workers."""
+    try:
+        moved = workers.adopt_orphan_spools(path, count)
+    except OSError as exc:
+        log.warning("fleet-gateway: could not adopt old workers' spools (%s)", exc)
+        return
+    for orphan in moved:
+        log.info("fleet-gateway: %s handed to this run's workers for replay", orphan)
+
+
 def _demo_delay(env: dict[str, str]) -> float:
     raw = env.get("FLEET_DEMO_TOKEN_DELAY_MS", "") or "0"
     try:
@@ -148,6 +159,8 @@ def gateway_main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as exc:
         raise _refuse(exc) from None
     setup_logging(fmt=settings.log.format, level=settings.log.level)
+    if args.worker is None and settings.database is not None:
+        _adopt_spools(settings.database.spool_path, count)
     with contextlib.ExitStack() as stack:
         demo = args.demo_url
         if args.demo:

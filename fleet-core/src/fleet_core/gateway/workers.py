@@ -10,7 +10,8 @@ connections over them. What the workers share, and how:
 - Metrics: prometheus_client's multiprocess files in a directory the supervisor creates and hands
   every worker as ``PROMETHEUS_MULTIPROC_DIR``; any worker's ``/metrics`` sums them all.
 - The ledger: one writer per worker (they insert distinct request ids), each with its own spool
-  file (worker 0 keeps ``FLEET_LEDGER_SPOOL``, worker I appends ``-I`` to its stem).
+  file (worker 0 keeps ``FLEET_LEDGER_SPOOL``, worker I appends ``-I`` to its stem); spools left
+  by workers of an earlier run with more workers are handed to the workers of this one.
 
 SIGTERM or SIGINT to the supervisor goes to every worker, each drains as a single gateway does,
 and the supervisor exits once all have (status 0 when all exited 0). A worker that exits on its
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,7 +36,7 @@ from prometheus_client import multiprocess
 
 from fleet_core.errors import ConfigError
 
-__all__ = ["cores_available", "parse_workers", "spool_for", "supervise"]
+__all__ = ["adopt_orphan_spools", "cores_available", "parse_workers", "spool_for", "supervise"]
 
 CGROUP_V2_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 CGROUP_V1_QUOTA = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
@@ -91,6 +93,33 @@ def parse_workers(value: str) -> int:
 def spool_for(path: Path, index: int) -> Path:
     """Worker ``index``'s ledger spool: worker 0 keeps ``path`` (what a single process uses)."""
     return path if index == 0 else path.with_name(f"{path.stem}-{index}{path.suffix}")
+
+
+def adopt_orphan_spools(path: Path, count: int) -> list[Path]:
+    """Before any worker starts: the spools of workers that no longer exist (a previous run had
+    more) are appended to those of worker ``index % count``, so their records are replayed. A
+    record replayed twice is harmless (the ledger ignores a request id it has). The files moved."""
+    pattern = re.compile(re.escape(path.stem) + r"-(\d+)" + re.escape(path.suffix) + r"(\..*)?$")
+    moved = []
+    for orphan in sorted(path.parent.glob(f"{path.stem}-*")):
+        found = pattern.fullmatch(orphan.name)
+        if found is None or int(found.group(1)) < count:
+            continue
+        owner = spool_for(path, int(found.group(1)) % count)
+        _append(orphan, owner.with_name(owner.name + (found.group(2) or "")))
+        moved.append(orphan)
+    return moved
+
+
+def _append(source: Path, target: Path) -> None:
+    data = source.read_bytes()
+    with target.open("ab") as out:
+        if out.tell() > 0 and data:
+            out.write(b"\n")  # ends a torn last line; an empty line is skipped on replay
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    source.unlink()
 
 
 def supervise(worker_argv: Sequence[str], count: int, *, grace_s: float) -> int:
