@@ -30,7 +30,7 @@ from fleet_core.stub_engine import StubSettings, running_stub
 
 from .conftest import issue_tenant_key
 from .test_admission_processes import KEY, OPS, burst_client, chat
-from .test_config_and_cli import free_port, run_cli
+from .test_config_and_cli import free_port, run_cli, wait_until_up
 
 
 @given(
@@ -323,3 +323,27 @@ def test_spools_of_workers_gone_are_adopted(tmp_path: Path) -> None:
         "ledger-spool.jsonl.replaying",
     ]
     assert workers.adopt_orphan_spools(path, 1) == [tmp_path / "ledger-spool-1.jsonl"]
+
+
+def test_a_killed_demo_gateway_leaves_no_stub_engine() -> None:
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "fleet_core.gateway",
+        "--demo",
+        "--listen",
+        f"127.0.0.1:{port}",
+    ]
+    proc = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}", proc)  # type: ignore[arg-type]
+        [stub] = psutil.Process(proc.pid).children()
+        proc.kill()
+        proc.wait(timeout=10)
+        _, alive = psutil.wait_procs([stub], timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert alive == []

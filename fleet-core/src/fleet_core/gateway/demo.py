@@ -8,6 +8,8 @@ contract), and with ``--workers N`` every worker proxies to the one stub.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,7 +28,13 @@ def demo_engine(*, token_delay_ms: float) -> Iterator[str]:
     command = [sys.executable, "-m", "fleet_core.stub_engine", "--port", "0", "--model", "demo"]
     command += ["--token-delay-ms", str(token_delay_ms)]
     # Its own session: Ctrl-C in a terminal reaches the gateway, which drains, then stops it.
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,  # safe: no threads yet, the gateway starts it first
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # "fleet-stub-engine: vllm demo on http://127.0.0.1:PORT"
@@ -40,6 +48,13 @@ def demo_engine(*, token_delay_ms: float) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the gateway dies, even by SIGKILL (Linux's PR_SET_PDEATHSIG),
+    so a killed gateway leaves no stub engine behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 def with_demo(config: GatewayConfig, url: str) -> GatewayConfig:
