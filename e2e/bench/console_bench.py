@@ -39,6 +39,14 @@ SELECT coalesce(tenant, ''), coalesce(project, ''), model, date_trunc('minute', 
        sum(fresh_tokens), 0
 FROM ledger WHERE outcome <> 'refused' GROUP BY 1, 2, 3, 4
 """
+# The hourly rollups as migration 0015 backfills them: the sums of the minute rows.
+_HOURS = """
+INSERT INTO usage_hour (tenant, project, model, hour, requests, tokens_input, tokens_output,
+                        tokens_cached, tokens_fresh, units)
+SELECT tenant, project, model, date_trunc('hour', minute, 'UTC'), sum(requests),
+       sum(tokens_input), sum(tokens_output), sum(tokens_cached), sum(tokens_fresh), sum(units)
+FROM usage_minute GROUP BY 1, 2, 3, 4
+"""
 _TENANTS = """
 INSERT INTO tenants (id, name) SELECT 'tenant-' || t, 'Tenant ' || t
 FROM generate_series(0, %(tenants)s - 1) AS t
@@ -76,7 +84,9 @@ def _seed(url: str, rows: int) -> float:
         conn.execute(_TENANTS, {"tenants": costs_bench.TENANTS})
         conn.execute(_PROJECTS, {"tenants": costs_bench.TENANTS})
         conn.execute(_ROLLUPS)
+        conn.execute(_HOURS)
         conn.execute("VACUUM ANALYZE usage_minute")
+        conn.execute("VACUUM ANALYZE usage_hour")
     return time.perf_counter() - began
 
 

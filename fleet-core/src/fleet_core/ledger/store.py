@@ -4,8 +4,8 @@ A batch is COPYed into a session-local staging table, then moved into ``ledger``
 ``ON CONFLICT (request_id) DO NOTHING`` (``request_id`` is minted by the gateway per request, so
 only a replay of the same record can conflict; the client's own id is ``client_request_id``, not
 unique); the rollup is summed from that insert's ``RETURNING``, so
-a row replayed after an outage (already in the ledger) adds nothing to ``usage_minute`` a second
-time. It all runs in one transaction: the rows and their sums commit together or not at all.
+a row replayed after an outage (already in the ledger) adds nothing to ``usage_minute`` (nor to
+``usage_hour``, the hourly level summed from the same rows) a second time. It all runs in one transaction: the rows and their sums commit together or not at all.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ __all__ = [
     "Totals",
     "count_rows",
     "get_row",
+    "hour_totals",
     "insert_batch",
     "ledger_totals",
     "minutes_for_tenant",
@@ -80,25 +81,35 @@ _SUMS = (
     "count(*), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),"
     " sum(fresh_tokens), coalesce(sum(units), 0)"
 )
+_ADD = """ON CONFLICT (tenant, project, model, {at}) DO UPDATE SET
+        requests = u.requests + excluded.requests,
+        tokens_input = u.tokens_input + excluded.tokens_input,
+        tokens_output = u.tokens_output + excluded.tokens_output,
+        tokens_cached = u.tokens_cached + excluded.tokens_cached,
+        tokens_fresh = u.tokens_fresh + excluded.tokens_fresh,
+        units = u.units + excluded.units"""
+_ROLLUP_COLS = "requests, tokens_input, tokens_output, tokens_cached, tokens_fresh, units"
+
+
+def _rollup(table: str, at: str) -> str:
+    """One rollup level (``usage_minute`` by minute, ``usage_hour`` by hour), summed from the
+    same ``inserted`` rows, so an hour row is always the sum of its minute rows."""
+    return f"""
+    INSERT INTO {table} AS u (tenant, project, model, {at}, {_ROLLUP_COLS})
+    SELECT coalesce(tenant, ''), coalesce(project, ''), model,
+           date_trunc('{at}', done_at, 'UTC'), {_SUMS}
+    FROM inserted WHERE outcome <> 'refused' GROUP BY 1, 2, 3, 4
+    {_ADD.format(at=at)}"""
+
+
 _MOVE = f"""
 WITH inserted AS (
     INSERT INTO ledger ({_COLS}) SELECT {_COLS} FROM ledger_staging
     ON CONFLICT (request_id) DO NOTHING
     RETURNING tenant, project, model, done_at, outcome,
               prompt_tokens, completion_tokens, cached_tokens, fresh_tokens, units
-), rolled AS (
-    INSERT INTO usage_minute AS u (tenant, project, model, minute, requests, tokens_input,
-                                   tokens_output, tokens_cached, tokens_fresh, units)
-    SELECT coalesce(tenant, ''), coalesce(project, ''), model,
-           date_trunc('minute', done_at, 'UTC'), {_SUMS}
-    FROM inserted WHERE outcome <> 'refused' GROUP BY 1, 2, 3, 4
-    ON CONFLICT (tenant, project, model, minute) DO UPDATE SET
-        requests = u.requests + excluded.requests,
-        tokens_input = u.tokens_input + excluded.tokens_input,
-        tokens_output = u.tokens_output + excluded.tokens_output,
-        tokens_cached = u.tokens_cached + excluded.tokens_cached,
-        tokens_fresh = u.tokens_fresh + excluded.tokens_fresh,
-        units = u.units + excluded.units
+), minutes AS ({_rollup("usage_minute", "minute")}
+), hours AS ({_rollup("usage_hour", "hour")}
 )
 SELECT count(*) FROM inserted
 """
@@ -258,6 +269,15 @@ async def rollup_totals(conn: Connection) -> Totals:
         conn,
         "SELECT sum(requests), sum(tokens_input), sum(tokens_output), sum(tokens_cached),"
         " sum(tokens_fresh), sum(units) FROM usage_minute",
+    )
+
+
+async def hour_totals(conn: Connection) -> Totals:
+    """The hourly rollup's sums: equal to `rollup_totals` (both are summed from the same rows)."""
+    return await _totals(
+        conn,
+        "SELECT sum(requests), sum(tokens_input), sum(tokens_output), sum(tokens_cached),"
+        " sum(tokens_fresh), sum(units) FROM usage_hour",
     )
 
 

@@ -1,25 +1,61 @@
-"""SQL over ``usage_minute``: never a scan of raw ledger rows, so cost follows the window, not
-the ledger's size."""
+"""SQL over the ledger's rollups: never a scan of raw ledger rows, so cost follows the window,
+not the ledger's size.
+
+A window reads ``usage_hour`` for the whole hours inside it and ``usage_minute`` only for the
+partial hours at its edges, so a month costs hours × pairs rows rather than minutes × pairs. An
+hour row is the exact sum of its minute rows (the ledger writer keeps both from the same insert),
+so the answer is the same integers the minute rollups (and the ledger) give.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from fleet_core.usage.wire import Agreement, CountAgreement, GroupBy, UsageRow
 
-__all__ = ["agreement", "usage"]
+__all__ = ["agreement", "split", "usage"]
 
+_HOUR = timedelta(hours=1)
 _KEYS = {
     "hour": sql.SQL(
-        "to_char(date_trunc('hour', minute AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')"
+        "to_char(date_trunc('hour', at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')"
     ),
-    "day": sql.SQL("to_char(date_trunc('day', minute AT TIME ZONE 'UTC'), 'YYYY-MM-DD')"),
+    "day": sql.SQL("to_char(date_trunc('day', at AT TIME ZONE 'UTC'), 'YYYY-MM-DD')"),
     "model": sql.SQL("model"),
     "project": sql.SQL("tenant || '/' || project"),
 }
+_COLUMNS = sql.SQL(
+    "tenant, project, model, requests, tokens_input, tokens_output,"
+    " tokens_cached, tokens_fresh, units"
+)
+# Whole hours from usage_hour; the edges [start, first) and [last, end) from usage_minute.
+_PARTS = sql.SQL(
+    "SELECT hour AS at, {cols} FROM usage_hour WHERE hour >= %(first)s AND hour < %(last)s{f}"
+    " UNION ALL SELECT minute, {cols} FROM usage_minute"
+    " WHERE minute >= %(start)s AND minute < %(first)s{f}"
+    " UNION ALL SELECT minute, {cols} FROM usage_minute"
+    " WHERE minute >= %(last)s AND minute < %(end)s{f}"
+)
+
+
+def split(start: datetime, end: datetime) -> tuple[datetime, datetime]:
+    """``(first, last)``: the whole UTC hours ``[first, last)`` inside ``[start, end)``; when
+    none fits, ``(end, end)``, so the minute edge ``[start, end)`` covers the whole window."""
+    first = _floor_hour(start)
+    if first < start:
+        first += _HOUR
+    last = _floor_hour(end)
+    if last <= first:
+        return end, end
+    return first, last
+
+
+def _floor_hour(when: datetime) -> datetime:
+    when = when.astimezone(UTC)  # a +05:30 offset must not move the hour boundaries
+    return when - timedelta(minutes=when.minute, seconds=when.second, microseconds=when.microsecond)
 
 
 async def usage(
@@ -32,17 +68,21 @@ async def usage(
     project: str | None = None,
     model: str | None = None,
 ) -> list[UsageRow]:
-    where: list[sql.Composable] = [sql.SQL("minute >= %(start)s"), sql.SQL("minute < %(end)s")]
-    params: dict[str, object] = {"start": start, "end": end}
+    first, last = split(start, end)
+    params: dict[str, object] = {"start": start, "end": end, "first": first, "last": last}
+    filters: list[sql.Composable] = []
     for column, value in (("tenant", tenant), ("project", project), ("model", model)):
         if value is not None:
-            where.append(sql.SQL("{} = %({})s").format(sql.Identifier(column), sql.SQL(column)))
+            filters.append(
+                sql.SQL(" AND {} = %({})s").format(sql.Identifier(column), sql.SQL(column))
+            )
             params[column] = value
+    parts = _PARTS.format(cols=_COLUMNS, f=sql.Composed(filters))
     query = sql.SQL(
         "SELECT {key} AS key, sum(requests), sum(tokens_input), sum(tokens_output),"
         " sum(tokens_cached), sum(tokens_fresh), sum(units)"
-        " FROM usage_minute WHERE {where} GROUP BY 1 ORDER BY 1"
-    ).format(key=_KEYS[group_by], where=sql.SQL(" AND ").join(where))
+        " FROM ({parts}) AS rolled GROUP BY 1 ORDER BY 1"
+    ).format(key=_KEYS[group_by], parts=parts)
     async with pool.connection() as conn:
         cursor = await conn.execute(query, params)
         rows = await cursor.fetchall()
