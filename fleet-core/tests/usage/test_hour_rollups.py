@@ -1,9 +1,9 @@
 """Usage read from hourly rollups (plus minute rows at a window's edges) equals the ledger's sums.
 
-Property: for random records (tenants, projects, models, outcomes, times over six hours across a midnight, some
-batches replayed) and a random window, grouping and filter, ``usage.store.usage`` returns exactly
-the sums of the ledger rows it covers (served rows whose minute lies in ``[from, to)``), and the
-hourly rollup's totals equal the minute rollup's and the ledger's.
+Property: for random records (tenants, projects, models, outcomes, times over six hours across a
+UTC midnight, some batches replayed) and a random window, grouping and filter,
+``usage.store.usage`` returns exactly the sums of the ledger rows it covers (served rows whose
+minute lies in ``[from, to)``), and the hourly rollup's totals equal the minute rollup's.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 A batch is COPYed into a session-local staging table, then moved into ``ledger`` with
 ``ON CONFLICT (request_id) DO NOTHING`` (``request_id`` is minted by the gateway per request, so
 only a replay of the same record can conflict; the client's own id is ``client_request_id``, not
-unique); the rollup is summed from that insert's ``RETURNING``, so
-a row replayed after an outage (already in the ledger) adds nothing to ``usage_minute`` (nor to
-``usage_hour``, the hourly level summed from the same rows) a second time. It all runs in one transaction: the rows and their sums commit together or not at all.
+unique); the rollups are summed from that insert's ``RETURNING``, so a row replayed after an
+outage (already in the ledger) adds nothing to ``usage_minute`` (nor to ``usage_hour``, the hourly
+level summed from the same rows) a second time. It all runs in one transaction: the rows and
+their sums commit together or not at all.
 """
 
 from __future__ import annotations
