@@ -90,7 +90,7 @@ def records(rows: int, round_: int) -> list[UsageRecord]:
 
 async def _clear(url: str) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await conn.execute("TRUNCATE ledger, usage_minute")
+        await conn.execute("TRUNCATE ledger, usage_minute, usage_hour")
 
 
 async def writer_rate(url: str, batch: list[UsageRecord]) -> float:
@@ -147,7 +147,7 @@ def report(figures: dict[str, float]) -> list[str]:
         "## Ledger ingest",
         "",
         f"{figures['rows']:.0f} usage records into the `ledger` table of one scratch database;",
-        "medians of interleaved rounds. The batch writer also maintains the per-minute rollup;",
+        "medians of interleaved rounds. The batch writer also maintains the minute and hour rollups;",
         "the single-row loop does not.",
         "",
         "| path | rows/s |",

@@ -82,13 +82,12 @@ def spool_files(spool_path: Path) -> dict[str, int]:
 
 
 async def totals(url: str) -> tuple[int, store.Totals, store.Totals]:
-    """Row count, the ledger's sums and the rollup's sums."""
+    """Row count, the ledger's sums and the rollup's sums (after checking that the hourly
+    rollup's sums are the minute rollup's: both come from the same inserted rows)."""
     async with await psycopg.AsyncConnection.connect(url) as conn:
-        return (
-            await store.count_rows(conn),
-            await store.ledger_totals(conn),
-            await store.rollup_totals(conn),
-        )
+        rollup = await store.rollup_totals(conn)
+        assert await store.hour_totals(conn) == rollup
+        return await store.count_rows(conn), await store.ledger_totals(conn), rollup
 
 
 def rejected_bytes(spool_path: Path) -> bytes:
