@@ -147,7 +147,7 @@ def report(figures: dict[str, float]) -> list[str]:
         "## Ledger ingest",
         "",
         f"{figures['rows']:.0f} usage records into the `ledger` table of one scratch database;",
-        "medians of interleaved rounds. The batch writer also maintains the minute and hour rollups;",
+        "medians of interleaved rounds. The batch writer also keeps both rollups (minute, hour);",
         "the single-row loop does not.",
         "",
         "| path | rows/s |",
