@@ -22,8 +22,8 @@ from fleet_core.stub_engine import running_app
 from . import fakes
 
 
-async def smoke(*args: str) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
+async def _start_smoke(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "fleet_core.smoke",
@@ -31,6 +31,10 @@ async def smoke(*args: str) -> tuple[int, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
+
+
+async def smoke(*args: str) -> tuple[int, str]:
+    process = await _start_smoke(*args)
     out, _ = await asyncio.wait_for(process.communicate(), timeout=120)
     assert process.returncode is not None
     return process.returncode, out.decode()
@@ -179,69 +183,120 @@ async def test_auth_fails_on_a_gateway_serving_anonymous_traffic(
     assert "cleanup: deactivated 3 throwaway tenant(s)" in out
 
 
-async def test_rate_limits_fail_on_a_gateway_without_limits(
-    open_gateway: str, admin_file: Path
+async def _failing_area(gateway: str, control_plane: str, admin: Path, area: str) -> str:
+    """The output of ``fleet smoke --only AREA --keep-going``, which must exit 1."""
+    code, out = await smoke(*_against(gateway, control_plane, admin, area))
+    assert code == 1
+    return out
+
+
+def _assert_verdicts(out: str, expected: dict[str, str]) -> None:
+    for what, want in expected.items():
+        assert verdict(out, what) == want, what
+
+
+@pytest.mark.parametrize(
+    ("area", "expected"),
+    [
+        pytest.param(
+            "limits",
+            {
+                "request 4, on the tenant's other key, is refused": "FAIL",
+                "a token ceiling bites before the request ceiling": "FAIL",
+            },
+            id="rate-limits-fail-without-limits",
+        ),
+        pytest.param(
+            "budgets",
+            {
+                "it appears in /api/v1/usage": "FAIL",
+                "a spent budget rule refuses, naming the rule": "FAIL",
+            },
+            id="budgets-fail-when-the-ledger-shows-nothing",
+        ),
+    ],
+)
+async def test_an_area_fails_on_a_gateway_without_auth_or_limits(
+    open_gateway: str, admin_file: Path, area: str, expected: dict[str, str]
 ) -> None:
     async with serving(fakes.ControlPlane().app()) as control:
-        code, out = await smoke(*_against(open_gateway, control, admin_file, "limits"))
-    assert code == 1
-    assert verdict(out, "request 4, on the tenant's other key, is refused") == "FAIL"
-    assert verdict(out, "a token ceiling bites before the request ceiling") == "FAIL"
+        out = await _failing_area(open_gateway, control, admin_file, area)
+    _assert_verdicts(out, expected)
 
 
-async def test_budgets_fail_when_the_ledger_shows_nothing(
-    open_gateway: str, admin_file: Path
+@pytest.mark.parametrize(
+    ("area", "expected"),
+    [
+        pytest.param(
+            "metrics",
+            {
+                "/metrics without a credential is refused": "ok",
+                "no series is labelled with an API key": "FAIL",
+                "histogram buckets never decrease": "FAIL",
+            },
+            id="metrics-fail-on-a-key-label-and-a-decreasing-histogram",
+        ),
+        pytest.param(
+            "engines",
+            {
+                "vLLM refuses compute capability below 7.5": "note",
+                "published load signals are in range": "FAIL",
+            },
+            id="engine-profiles-fail-on-an-out-of-range-load-signal",
+        ),
+    ],
+)
+async def test_an_area_fails_on_a_broken_gateway(
+    admin_file: Path, area: str, expected: dict[str, str]
 ) -> None:
-    async with serving(fakes.ControlPlane().app()) as control:
-        code, out = await smoke(*_against(open_gateway, control, admin_file, "budgets"))
-    assert code == 1
-    assert verdict(out, "it appears in /api/v1/usage") == "FAIL"
-    assert verdict(out, "a spent budget rule refuses, naming the rule") == "FAIL"
-
-
-async def test_metrics_fail_on_a_key_label_and_a_decreasing_histogram(admin_file: Path) -> None:
     async with serving(fakes.Gateway().app()) as gateway, serving(fakes.ControlPlane().app()) as cp:
-        code, out = await smoke(*_against(gateway, cp, admin_file, "metrics"))
-    assert code == 1
-    assert verdict(out, "/metrics without a credential is refused") == "ok"
-    assert verdict(out, "no series is labelled with an API key") == "FAIL"
-    assert verdict(out, "histogram buckets never decrease") == "FAIL"
+        out = await _failing_area(gateway, cp, admin_file, area)
+    _assert_verdicts(out, expected)
 
 
-async def test_engine_profiles_fail_on_an_out_of_range_load_signal(admin_file: Path) -> None:
-    async with serving(fakes.Gateway().app()) as gateway, serving(fakes.ControlPlane().app()) as cp:
-        code, out = await smoke(*_against(gateway, cp, admin_file, "engines"))
-    assert code == 1
-    assert verdict(out, "vLLM refuses compute capability below 7.5") == "note"
-    assert verdict(out, "published load signals are in range") == "FAIL"
-
-
-async def test_inventory_fails_when_a_reports_total_is_trusted(admin_file: Path) -> None:
+@pytest.mark.parametrize(
+    ("area", "expected", "in_lines"),
+    [
+        pytest.param(
+            "inventory",
+            {
+                "counts are recomputed from the node list": "FAIL",
+                "Scheduling keeps its reason": "ok",
+                "cluster prod-1: counts match its node list": "FAIL",
+            },
+            {"counts are recomputed": "'gpus': 999"},
+            id="inventory-fails-when-a-reports-total-is-trusted",
+        ),
+        pytest.param(
+            "formats",
+            {
+                "safetensors weights fit vllm": "ok",
+                "safetensors weights are refused by llamacpp": "FAIL",
+                "gguf weights are refused by vllm": "FAIL",
+            },
+            {},
+            id="weight-formats-fail-when-every-engine-fits",
+        ),
+        pytest.param(
+            "costs",
+            {
+                "a cost rate round-trips exactly": "FAIL",
+                "before it is over is refused": "ok",
+                "closing 2000-01 (nobody observed it)": "ok",
+            },
+            {},
+            id="the-cost-pool-fails-when-a-rate-is-rounded",
+        ),
+    ],
+)
+async def test_an_area_fails_on_a_broken_control_plane(
+    admin_file: Path, area: str, expected: dict[str, str], in_lines: dict[str, str]
+) -> None:
     async with serving(fakes.ControlPlane().app()) as cp:
-        code, out = await smoke(*_against(cp, cp, admin_file, "inventory"))
-    assert code == 1
-    assert verdict(out, "counts are recomputed from the node list") == "FAIL"
-    assert "'gpus': 999" in line(out, "counts are recomputed")
-    assert verdict(out, "Scheduling keeps its reason") == "ok"
-    assert verdict(out, "cluster prod-1: counts match its node list") == "FAIL"
-
-
-async def test_weight_formats_fail_when_every_engine_fits(admin_file: Path) -> None:
-    async with serving(fakes.ControlPlane().app()) as cp:
-        code, out = await smoke(*_against(cp, cp, admin_file, "formats"))
-    assert code == 1
-    assert verdict(out, "safetensors weights fit vllm") == "ok"
-    assert verdict(out, "safetensors weights are refused by llamacpp") == "FAIL"
-    assert verdict(out, "gguf weights are refused by vllm") == "FAIL"
-
-
-async def test_the_cost_pool_fails_when_a_rate_is_rounded(admin_file: Path) -> None:
-    async with serving(fakes.ControlPlane().app()) as cp:
-        code, out = await smoke(*_against(cp, cp, admin_file, "costs"))
-    assert code == 1
-    assert verdict(out, "a cost rate round-trips exactly") == "FAIL"
-    assert verdict(out, "before it is over is refused") == "ok"
-    assert verdict(out, "closing 2000-01 (nobody observed it)") == "ok"
+        out = await _failing_area(cp, cp, admin_file, area)
+    _assert_verdicts(out, expected)
+    for what, shown in in_lines.items():
+        assert shown in line(out, what)
 
 
 async def test_sigterm_mid_run_still_deactivates_the_tenants(
@@ -250,14 +305,7 @@ async def test_sigterm_mid_run_still_deactivates_the_tenants(
     """Stopped while it waits for the ledger (which never shows anything here)."""
     plane = fakes.ControlPlane()
     async with serving(plane.app()) as control:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "fleet_core.smoke",
-            *_against(open_gateway, control, admin_file, "budgets"),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
+        process = await _start_smoke(*_against(open_gateway, control, admin_file, "budgets"))
         assert process.stdout is not None
         seen = b""
         while b"a request of a fresh tenant is served" not in seen:
