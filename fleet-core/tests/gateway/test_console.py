@@ -40,13 +40,20 @@ async def _gateway(start_stub: StubFactory, start_gateway: GatewayFactory, **con
     return gw.url
 
 
-@pytest.mark.parametrize("path", ["/", "/costs", "/models/hf-org-repo", "/tenants?tab=keys"])
-async def test_every_page_path_is_the_app_shell(
-    start_stub: StubFactory, start_gateway: GatewayFactory, built: Path, path: str
-) -> None:
-    url = await _gateway(start_stub, start_gateway, static_dir=built)
+@pytest.fixture
+async def served(start_stub: StubFactory, start_gateway: GatewayFactory, built: Path) -> str:
+    """The URL of a gateway serving the ``built`` console, with no control plane."""
+    return await _gateway(start_stub, start_gateway, static_dir=built)
+
+
+async def _get(url: str) -> httpx.Response:
     async with httpx.AsyncClient() as http:
-        response = await http.get(f"{url}{path}")
+        return await http.get(url)
+
+
+@pytest.mark.parametrize("path", ["/", "/costs", "/models/hf-org-repo", "/tenants?tab=keys"])
+async def test_every_page_path_is_the_app_shell(served: str, path: str) -> None:
+    response = await _get(f"{served}{path}")
     assert response.status_code == 200
     assert response.text == SHELL
     assert response.headers["content-type"].startswith("text/html")
@@ -54,13 +61,10 @@ async def test_every_page_path_is_the_app_shell(
     assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
 
 
-async def test_assets_are_served_as_themselves_and_cached_for_good(
-    start_stub: StubFactory, start_gateway: GatewayFactory, built: Path
-) -> None:
-    url = await _gateway(start_stub, start_gateway, static_dir=built)
-    async with httpx.AsyncClient() as http:
-        script = await http.get(f"{url}/assets/index-abc123.js")
-        style = await http.get(f"{url}/assets/index-abc123.css")
+async def test_assets_are_served_as_themselves_and_cached_for_good(served: str) -> None:
+    async with httpx.AsyncClient(base_url=served) as http:
+        script = await http.get("/assets/index-abc123.js")
+        style = await http.get("/assets/index-abc123.css")
     assert script.status_code == 200
     assert script.text == SCRIPT  # the script, not index.html under a 200
     assert script.headers["content-type"].split(";")[0] == "text/javascript"
@@ -78,12 +82,8 @@ async def test_assets_are_served_as_themselves_and_cached_for_good(
         "/assets/..%2fsecret.txt",
     ],
 )
-async def test_a_missing_asset_is_404_never_the_shell(
-    start_stub: StubFactory, start_gateway: GatewayFactory, built: Path, path: str
-) -> None:
-    url = await _gateway(start_stub, start_gateway, static_dir=built)
-    async with httpx.AsyncClient() as http:
-        response = await http.get(f"{url}{path}")
+async def test_a_missing_asset_is_404_never_the_shell(served: str, path: str) -> None:
+    response = await _get(f"{served}{path}")
     assert response.status_code == 404, response.text
     assert "not an asset" not in response.text
     assert response.headers["content-type"] == "application/json"
@@ -94,33 +94,25 @@ async def test_a_missing_asset_is_404_never_the_shell(
     [("GET", "/v1/nope"), ("GET", "/api/v2/x"), ("POST", "/costs"), ("DELETE", "/")],
 )
 async def test_api_paths_and_writes_are_never_the_shell(
-    start_stub: StubFactory, start_gateway: GatewayFactory, built: Path, method: str, path: str
+    served: str, method: str, path: str
 ) -> None:
-    url = await _gateway(start_stub, start_gateway, static_dir=built)
     async with httpx.AsyncClient() as http:
-        response = await http.request(method, f"{url}{path}")
+        response = await http.request(method, f"{served}{path}")
     assert response.status_code == 404
     assert "no route for" in response.json()["error"]["message"]
 
 
-async def test_a_known_path_with_the_wrong_method_is_still_405(
-    start_stub: StubFactory, start_gateway: GatewayFactory, built: Path
-) -> None:
-    url = await _gateway(start_stub, start_gateway, static_dir=built)
-    async with httpx.AsyncClient() as http:
-        response = await http.get(f"{url}/v1/chat/completions")
+async def test_a_known_path_with_the_wrong_method_is_still_405(served: str) -> None:
+    response = await _get(f"{served}/v1/chat/completions")
     assert response.status_code == 405
     assert response.json()["error"]["type"] == "invalid_request_error"
 
 
-async def test_the_api_is_unchanged_beside_the_console(
-    start_stub: StubFactory, start_gateway: GatewayFactory, built: Path
-) -> None:
-    url = await _gateway(start_stub, start_gateway, static_dir=built)
-    async with httpx.AsyncClient() as http:
-        models = await http.get(f"{url}/v1/models")
-        health = await http.get(f"{url}/healthz")
-        requests = await http.get(f"{url}/api/v1/requests")  # the gateway's own, not proxied
+async def test_the_api_is_unchanged_beside_the_console(served: str) -> None:
+    async with httpx.AsyncClient(base_url=served) as http:
+        models = await http.get("/v1/models")
+        health = await http.get("/healthz")
+        requests = await http.get("/api/v1/requests")  # the gateway's own, not proxied
     assert models.json()["data"][0]["id"] == "m"
     assert health.json() == {"status": "ok"}
     assert requests.json()["object"] == "list"
@@ -139,12 +131,8 @@ async def test_without_a_build_a_placeholder_says_how_to_build(
     assert script.status_code == 404
 
 
-async def test_without_a_control_plane_api_calls_say_what_to_set(
-    start_stub: StubFactory, start_gateway: GatewayFactory, built: Path
-) -> None:
-    url = await _gateway(start_stub, start_gateway, static_dir=built)
-    async with httpx.AsyncClient() as http:
-        response = await http.get(f"{url}/api/v1/whoami")
+async def test_without_a_control_plane_api_calls_say_what_to_set(served: str) -> None:
+    response = await _get(f"{served}/api/v1/whoami")
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "no_control_plane"
     assert "FLEET_CONSOLE_API_URL" in response.json()["error"]["message"]
@@ -183,8 +171,7 @@ async def test_an_unreachable_control_plane_is_a_502_envelope(
     start_stub: StubFactory, start_gateway: GatewayFactory, built: Path
 ) -> None:
     url = await _gateway(start_stub, start_gateway, static_dir=built, api_url="http://127.0.0.1:9")
-    async with httpx.AsyncClient() as http:
-        response = await http.get(f"{url}/api/v1/whoami")
+    response = await _get(f"{url}/api/v1/whoami")
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "control_plane_unavailable"
 
