@@ -25,7 +25,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from fleet_testing import engines, servers
+from fleet_testing import engines, generation, servers
 from fleet_testing.fix_kube import KubeCluster
 from fleet_testing.fleet_system import FM_NAME, MODEL, Fleet, eventually, running_fleet
 from fleet_testing.kubelet import fleet_images
@@ -45,9 +45,6 @@ ENGINE_ARGS = [
 ]
 """The model's own engineArgs: llama.cpp's built-in gemma template (the GGUF carries none, see
 test_llama_server), one thread (ggml's threads spin-wait: on shared cores one is fastest)."""
-PROMPT: list[ChatCompletionMessageParam] = [
-    {"role": "user", "content": "Count from one to twenty in words, separated by commas."}
-]
 
 
 def fleetmodel_yaml(namespace: str, replicas: int) -> str:
@@ -87,10 +84,6 @@ def gateway_ready(url: str) -> bool:
             return bool(answer.status == 200)
     except OSError:
         return False
-
-
-def words(text: str) -> int:
-    return len(re.findall(r"\b[a-z]{3,}\b", text.lower()))
 
 
 def test_kubectl_apply_brings_the_fleetmodel_to_ready(fleet: Fleet) -> None:
@@ -136,37 +129,14 @@ def test_kubectl_apply_brings_the_fleetmodel_to_ready(fleet: Fleet) -> None:
 
 def test_a_chat_completion_through_the_gateway_is_real_generated_text(fleet: Fleet) -> None:
     with fleet.client() as client:
-        reply = client.chat.completions.create(
-            model=MODEL, messages=PROMPT, max_tokens=24, temperature=0
-        )
-    text = reply.choices[0].message.content or ""
-    assert words(text) >= 3, reply  # words, not template markers
-    assert "<start_of_turn>" not in text
-    assert reply.usage is not None
-    assert reply.usage.prompt_tokens > 5
-    assert 1 <= reply.usage.completion_tokens <= 24
+        reply = generation.chat(client, MODEL, max_tokens=24)
+    generation.assert_generated_reply(reply, max_tokens=24)
 
 
 def test_a_stream_relays_many_frames_and_the_engines_usage(fleet: Fleet) -> None:
     with fleet.client() as client:
-        stream = client.chat.completions.create(
-            model=MODEL,
-            messages=PROMPT,
-            max_tokens=40,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        chunks = list(stream)
-    pieces = [
-        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
-    ]
-    assert len(pieces) >= 5, chunks
-    assert words("".join(pieces)) >= 3
-    usage = chunks[-1].usage
-    assert usage is not None, chunks[-1]
-    assert usage.prompt_tokens > 5
-    assert len(pieces) - 2 <= usage.completion_tokens <= 40
+        chunks = generation.stream(client, MODEL, max_tokens=40)
+    generation.assert_generated_stream(chunks, max_tokens=40)
 
 
 def test_the_ledger_holds_the_engines_usage_beside_the_gateways_count(fleet: Fleet) -> None:
@@ -200,7 +170,7 @@ def test_the_ledger_holds_the_engines_usage_beside_the_gateways_count(fleet: Fle
 
 
 def short_chat(client: openai.OpenAI) -> None:
-    client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=2, temperature=0)
+    generation.chat(client, MODEL, max_tokens=2)
 
 
 def route_until_served(fleet: Fleet, wanted: set[str], *, tries: int = 12) -> set[str]:

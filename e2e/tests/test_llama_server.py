@@ -20,9 +20,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from openai.types.chat import ChatCompletionMessageParam
 
-from fleet_testing import engines
+from fleet_testing import engines, generation
 
 pytestmark = pytest.mark.e2e
 
@@ -32,9 +31,6 @@ GEMMA_TEMPLATE = ("--no-jinja", "--chat-template", "gemma")
 """This GGUF carries no chat template: llama-server would fall back to ChatML, which Gemma answers
 with ChatML markers. A FleetModel for it sets these as engineArgs (llama.cpp's built-in ``gemma``
 template; with jinja on, the name would be taken for a template's text)."""
-PROMPT: list[ChatCompletionMessageParam] = [
-    {"role": "user", "content": "Count from one to twenty in words, separated by commas."}
-]
 
 
 @pytest.fixture(scope="module")
@@ -99,52 +95,21 @@ def client(gateway: str) -> Iterator[openai.OpenAI]:
 def test_a_chat_completion_is_real_generated_text_with_the_engines_usage(
     client: openai.OpenAI,
 ) -> None:
-    reply = client.chat.completions.create(
-        model=MODEL,
-        messages=PROMPT,
-        max_tokens=24,
-        temperature=0,
-    )
-    text = reply.choices[0].message.content or ""
-    assert len(re.findall(r"\b[a-z]{3,}\b", text.lower())) >= 3, reply  # words, not markers
-    assert "<|" not in text
-    assert "<start_of_turn>" not in text
-    assert reply.usage is not None
-    assert reply.usage.prompt_tokens > 5
-    assert 1 <= reply.usage.completion_tokens <= 24
+    reply = generation.chat(client, MODEL, max_tokens=24)
+    text = generation.assert_generated_reply(reply, max_tokens=24)
+    assert "<|" not in text  # no ChatML markers either
     assert reply.choices[0].finish_reason in {"stop", "length"}
 
 
 def test_a_stream_relays_many_frames_and_ends_with_the_engines_usage(
     client: openai.OpenAI,
 ) -> None:
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=PROMPT,
-        max_tokens=40,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = list(stream)
-    pieces = [
-        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
-    ]
-    assert len(pieces) >= 5, chunks
-    assert len(re.findall(r"\b[a-z]{3,}\b", "".join(pieces).lower())) >= 3
-    usage = chunks[-1].usage
-    assert usage is not None, chunks[-1]
-    assert usage.prompt_tokens > 5
-    assert len(pieces) - 2 <= usage.completion_tokens <= 40
+    chunks = generation.stream(client, MODEL, max_tokens=40)
+    generation.assert_generated_stream(chunks, max_tokens=40)
 
 
 def test_the_gateway_counts_the_engines_tokens(client: openai.OpenAI, gateway: str) -> None:
-    client.chat.completions.create(
-        model=MODEL,
-        messages=PROMPT,
-        max_tokens=8,
-        temperature=0,
-    )
+    generation.chat(client, MODEL, max_tokens=8)
     metrics = httpx.get(f"{gateway}/metrics").text
     output = [
         float(line.rsplit(" ", 1)[1])
