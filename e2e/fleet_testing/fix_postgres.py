@@ -7,8 +7,6 @@ embedded wheel, container). Each test then gets a fresh ``fleet_t_<hex>`` databa
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
 from collections.abc import Iterator
 
@@ -16,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from fleet_testing import servers
+from fleet_testing import servers, sessions
 
 __all__ = ["postgres_server", "postgres_url"]
 
@@ -26,12 +24,7 @@ DATABASE_PREFIX = "fleet_t_"
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[servers.Server]:
     """The session's PostgreSQL server: superuser URL and how it was found."""
-    with contextlib.ExitStack() as stack:
-        try:
-            server = stack.enter_context(servers.postgres(os.environ))
-        except servers.HarnessError as exc:
-            pytest.fail(str(exc), pytrace=False)  # the one-line message says how to fix it
-        yield server
+    yield from sessions.session_server(servers.postgres)
 
 
 @pytest.fixture

