@@ -10,6 +10,7 @@ value of a Secret-sourced variable. Marked ``e2e``: it adds addresses to ``lo`` 
 from __future__ import annotations
 
 import base64
+import subprocess
 import sys
 import time
 import urllib.request
@@ -84,10 +85,14 @@ def deployment(name: str, *, replicas: int = 1, image: str = PYTHON_IMAGE,
     }  # fmt: skip
 
 
-def setup(cluster: KubeCluster, namespace: str, name: str, **kwargs: Any) -> None:
-    secret = {"metadata": {"name": "word"}, "data": {"w": base64.b64encode(b"world").decode()}}
-    if cluster.get(f"/api/v1/namespaces/{namespace}/secrets/word") is None:
-        cluster.create(f"/api/v1/namespaces/{namespace}/secrets", secret)
+def setup(
+    cluster: KubeCluster, namespace: str, name: str, *, secret: bool = True, **kwargs: Any
+) -> None:
+    """The Deployment ``name`` behind a Service of that name, and the Secret it reads (unless
+    ``secret`` is false)."""
+    word = {"metadata": {"name": "word"}, "data": {"w": base64.b64encode(b"world").decode()}}
+    if secret and cluster.get(f"/api/v1/namespaces/{namespace}/secrets/word") is None:
+        cluster.create(f"/api/v1/namespaces/{namespace}/secrets", word)
     service = {"metadata": {"name": name}, "spec": {"selector": {"app": name},
                "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}  # fmt: skip
     cluster.create(f"/api/v1/namespaces/{namespace}/services", service)
@@ -122,6 +127,24 @@ def container(pod: dict[str, Any], name: str, *, init: bool = False) -> dict[str
     return dict(found)
 
 
+def waiting(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """The waiting state of the first pod's first container ({} while it has none)."""
+    statuses = found[0]["status"].get("containerStatuses") if found else None
+    return dict((statuses or [{}])[0].get("state", {}).get("waiting", {}))
+
+
+def serving_one(
+    cluster: KubeCluster, namespace: str, kubelet: Kubelet, name: str
+) -> tuple[str, dict[str, Any], subprocess.Popen[bytes]]:
+    """Set up ``name`` with one replica and wait until it is ready: its address, pod and process."""
+    setup(cluster, namespace, name)
+    (ip,) = eventually(lambda: ready_ips(cluster, namespace, name))
+    (pod,) = pods(cluster, namespace, name)
+    process = kubelet.process(namespace, pod["metadata"]["name"], "server")
+    assert process is not None
+    return ip, pod, process
+
+
 def test_pods_run_as_processes_with_their_init_containers_secrets_volumes_and_probes(
     kube_cluster: KubeCluster, kube_namespace: str, kubelet: Kubelet
 ) -> None:
@@ -148,11 +171,7 @@ def test_pods_run_as_processes_with_their_init_containers_secrets_volumes_and_pr
 def test_a_killed_process_is_restarted_with_its_restart_count_and_back_in_the_endpoints(
     kube_cluster: KubeCluster, kube_namespace: str, kubelet: Kubelet
 ) -> None:
-    setup(kube_cluster, kube_namespace, "web")
-    (ip,) = eventually(lambda: ready_ips(kube_cluster, kube_namespace, "web"))
-    (pod,) = pods(kube_cluster, kube_namespace, "web")
-    process = kubelet.process(kube_namespace, pod["metadata"]["name"], "server")
-    assert process is not None
+    ip, pod, process = serving_one(kube_cluster, kube_namespace, kubelet, "web")
     assert container(pod, "server")["containerID"] == f"process://{process.pid}"
     process.kill()
     eventually(lambda: not ready_ips(kube_cluster, kube_namespace, "web"))  # out of rotation
@@ -172,30 +191,22 @@ def test_an_unknown_image_is_image_pull_back_off(
 
     def pulling() -> dict[str, Any] | None:
         found = pods(kube_cluster, kube_namespace, "ghost")
-        statuses = found[0]["status"].get("containerStatuses") if found else None
-        waiting = (statuses or [{}])[0].get("state", {}).get("waiting", {})
-        return found[0] if waiting.get("reason") == "ImagePullBackOff" else None
+        return found[0] if waiting(found).get("reason") == "ImagePullBackOff" else None
 
     pod = eventually(pulling)  # once its init container (a known image) has completed
-    waiting = container(pod, "server")["state"]["waiting"]
-    assert "registry.invalid/ghost:1" in waiting["message"]
+    state = container(pod, "server")["state"]["waiting"]
+    assert "registry.invalid/ghost:1" in state["message"]
     assert pod["status"]["phase"] == "Pending"
 
 
 def test_a_missing_secret_is_create_container_config_error_until_it_exists(
     kube_cluster: KubeCluster, kube_namespace: str, kubelet: Kubelet
 ) -> None:
-    service = {"metadata": {"name": "web"}, "spec": {"selector": {"app": "web"},
-               "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}  # fmt: skip
-    kube_cluster.create(f"/api/v1/namespaces/{kube_namespace}/services", service)
-    kube_cluster.create(f"/apis/apps/v1/namespaces/{kube_namespace}/deployments",
-                        deployment("web"))  # fmt: skip
+    setup(kube_cluster, kube_namespace, "web", secret=False)
 
     def config_error() -> dict[str, Any] | None:
-        found = pods(kube_cluster, kube_namespace, "web")
-        statuses = found[0]["status"].get("containerStatuses") if found else None
-        waiting = (statuses or [{}])[0].get("state", {}).get("waiting", {})
-        return waiting if waiting.get("reason") == "CreateContainerConfigError" else None
+        state = waiting(pods(kube_cluster, kube_namespace, "web"))
+        return state if state.get("reason") == "CreateContainerConfigError" else None
 
     assert eventually(config_error)["message"] == 'secret "word" not found'
     setup_secret = {"metadata": {"name": "word"}, "data": {"w": base64.b64encode(b"you").decode()}}
@@ -229,11 +240,7 @@ def test_a_pod_no_node_fits_is_unschedulable_with_the_schedulers_message(
 def test_a_deleted_deployment_stops_its_processes_and_its_pods_go(
     kube_cluster: KubeCluster, kube_namespace: str, kubelet: Kubelet
 ) -> None:
-    setup(kube_cluster, kube_namespace, "web")
-    (ip,) = eventually(lambda: ready_ips(kube_cluster, kube_namespace, "web"))
-    (pod,) = pods(kube_cluster, kube_namespace, "web")
-    process = kubelet.process(kube_namespace, pod["metadata"]["name"], "server")
-    assert process is not None
+    ip, _, process = serving_one(kube_cluster, kube_namespace, kubelet, "web")
     kube_cluster.request("DELETE", f"/apis/apps/v1/namespaces/{kube_namespace}/deployments/web",
                          {"propagationPolicy": "Foreground"})  # fmt: skip
     eventually(lambda: not pods(kube_cluster, kube_namespace, "web"))
