@@ -46,6 +46,19 @@ def row(rid: str, tenant: str, endpoint: str, start: str, end: str) -> tuple[str
     return (rid, tenant, "main", endpoint, start, end)
 
 
+async def acme_in_september(api: str, url: str, *, watched_until: str) -> None:
+    """k3s-dev watched from September 1st until ``watched_until`` at ``RATE``, and acme's one hour
+    on e1 on September 2nd in the ledger."""
+    await watched(api, url, "2026-09-01T00:00:00Z", watched_until)
+    await post_rate(api, RATE)
+    await ledger(url, [row("s1", "acme", E1, "2026-09-02T00:00:00Z", "2026-09-02T01:00:00Z")])
+
+
+async def read_period(api: str, period: str) -> httpx.Response:
+    async with httpx.AsyncClient(headers=ADMIN) as http:
+        return await http.get(f"{api}/api/v1/cost-periods/{period}")
+
+
 def due(report: dict[str, Any]) -> dict[str, int]:
     return {t["tenant"]: t["due"] for t in report["tenants"]}
 
@@ -56,11 +69,7 @@ def due(report: dict[str, Any]) -> dict[str, int]:
 async def test_a_later_month_cannot_be_closed_first_over_an_open_month_with_data(
     api: str, postgres_url: str
 ) -> None:
-    await watched(api, postgres_url, "2026-09-01T00:00:00Z", "2026-11-01T00:00:00Z")
-    await post_rate(api, RATE)
-    await ledger(
-        postgres_url, [row("s1", "acme", E1, "2026-09-02T00:00:00Z", "2026-09-02T01:00:00Z")]
-    )
+    await acme_in_september(api, postgres_url, watched_until="2026-11-01T00:00:00Z")
     refused = await close(api, "2026-10", minCoverage="0")
     assert refused.status_code == 409, refused.text
     error = refused.json()["error"]
@@ -92,8 +101,7 @@ async def test_a_month_never_closed_is_not_frozen_by_its_successor(
     september = await close(api, "2026-09")
     assert september.status_code == 200, september.text
     assert september.json()["pool"] == 2 * 720 * 3_200_000
-    async with httpx.AsyncClient(headers=ADMIN) as http:
-        read = await http.get(f"{api}/api/v1/cost-periods/2026-09")
+    read = await read_period(api, "2026-09")
     assert read.status_code == 200
     # it is frozen only now, for a re-close: its successor has been closed
     assert (await close(api, "2026-09")).json()["error"]["code"] == "period_frozen"
@@ -105,11 +113,7 @@ async def test_a_month_never_closed_is_not_frozen_by_its_successor(
 async def test_a_late_row_of_a_closed_month_is_billed_when_the_next_month_closes(
     api: str, postgres_url: str
 ) -> None:
-    await watched(api, postgres_url, "2026-09-01T00:00:00Z", "2026-11-01T00:00:00Z")
-    await post_rate(api, RATE)
-    await ledger(
-        postgres_url, [row("s1", "acme", E1, "2026-09-02T00:00:00Z", "2026-09-02T01:00:00Z")]
-    )
+    await acme_in_september(api, postgres_url, watched_until="2026-11-01T00:00:00Z")
     september = (await close(api, "2026-09")).json()
     assert due(september) == {"acme": 4_608_000_000}
     # in flight at midnight, or a spool replayed after an outage: a September row, after the close
@@ -127,8 +131,7 @@ async def test_a_late_row_of_a_closed_month_is_billed_when_the_next_month_closes
     }
     # nobody used October: its pool is unallocated, and the tenants owe September's differences
     assert due(october.json()) == {"acme": -2_304_000_000, "initech": 2_304_000_000}
-    async with httpx.AsyncClient(headers=ADMIN) as http:
-        again = (await http.get(f"{api}/api/v1/cost-periods/2026-09")).json()
+    again = (await read_period(api, "2026-09")).json()
     assert again["allocations"] == september["allocations"]  # as issued
     assert again["recomputes"] == 1
     assert sum(c["amount"] for c in again["correctionsBooked"]) == 0
@@ -196,11 +199,7 @@ async def test_a_recycled_pod_ip_keeps_the_placement_it_had_when_the_request_ran
 async def test_projects_committed_while_closing_never_give_a_500(
     api: str, postgres_url: str
 ) -> None:
-    await watched(api, postgres_url, "2026-09-01T00:00:00Z", "2026-10-01T00:00:00Z")
-    await post_rate(api, RATE)
-    await ledger(
-        postgres_url, [row("s1", "acme", E1, "2026-09-02T00:00:00Z", "2026-09-02T01:00:00Z")]
-    )
+    await acme_in_september(api, postgres_url, watched_until="2026-10-01T00:00:00Z")
     assert (await close(api, "2026-09")).status_code == 200
     stop = asyncio.Event()
 
