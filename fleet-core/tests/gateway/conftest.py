@@ -163,9 +163,11 @@ def start_rig(
     return start
 
 
-@pytest.fixture
-async def control_plane(postgres_url: str, admin_token: str) -> AsyncIterator[httpx.AsyncClient]:
-    """The control plane on a fresh database, in process; its API client, as the admin."""
+@contextlib.asynccontextmanager
+async def running_control_plane(
+    postgres_url: str, admin_token: str
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The control plane on ``postgres_url``, in process; its API client, as the admin."""
     settings = ApiserverSettings(
         database_url=postgres_url, log=LogSettings(access=False), admin_token=admin_token
     )
@@ -174,6 +176,13 @@ async def control_plane(postgres_url: str, admin_token: str) -> AsyncIterator[ht
         running_app(create_apiserver_app(settings, resources)) as url,
         httpx.AsyncClient(base_url=url, headers=bearer(admin_token)) as api,
     ):
+        yield api
+
+
+@pytest.fixture
+async def control_plane(postgres_url: str, admin_token: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The control plane on a fresh database, in process; its API client, as the admin."""
+    async with running_control_plane(postgres_url, admin_token) as api:
         yield api
 
 

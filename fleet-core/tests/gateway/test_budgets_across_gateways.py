@@ -19,13 +19,9 @@ import httpx
 import psycopg
 import pytest
 
-from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
-from fleet_core.apiserver.app import open_resources as open_apiserver
-from fleet_core.settings import AdmissionSettings, DatabaseModeSettings, LogSettings
-from fleet_core.stub_engine import running_app
-from fleet_testing.fix_auth import bearer
+from fleet_core.settings import AdmissionSettings, DatabaseModeSettings
 
-from .conftest import GatewayFactory, Served, StubFactory
+from .conftest import GatewayFactory, Served, StubFactory, running_control_plane
 
 MODEL = "m1"
 MSG = [{"role": "user", "content": "hi"}]
@@ -81,16 +77,7 @@ async def fleet(
     admin_token: str,
 ) -> AsyncIterator[Fleet]:
     async with contextlib.AsyncExitStack() as stack:
-        settings = ApiserverSettings(
-            database_url=postgres_url, log=LogSettings(access=False), admin_token=admin_token
-        )
-        resources = await stack.enter_async_context(open_apiserver(settings))
-        api_url = await stack.enter_async_context(
-            running_app(create_apiserver_app(settings, resources))
-        )
-        api = await stack.enter_async_context(
-            httpx.AsyncClient(base_url=api_url, headers=bearer(admin_token))
-        )
+        api = await stack.enter_async_context(running_control_plane(postgres_url, admin_token))
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
         engine = await start_stub(model=MODEL, reply=" ".join(["w"] * WORDS), token_delay_ms=4)
         count = 0

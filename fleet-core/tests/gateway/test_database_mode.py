@@ -22,16 +22,13 @@ import psycopg
 import pytest
 
 from fleet_core.admission.directory import BudgetRule
-from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
-from fleet_core.apiserver.app import open_resources as open_apiserver
 from fleet_core.errors import ConfigError
-from fleet_core.settings import DatabaseModeSettings, LogSettings, from_env
-from fleet_core.stub_engine import running_app
+from fleet_core.settings import DatabaseModeSettings, from_env
 from fleet_testing import servers
 from fleet_testing.fix_auth import bearer
 from fleet_testing.fix_proxy import ProxyFactory
 
-from .conftest import GatewayFactory, Served, StubFactory
+from .conftest import GatewayFactory, Served, StubFactory, running_control_plane
 
 MODEL = "m1"
 MSG = [{"role": "user", "content": "hello there"}]
@@ -97,16 +94,8 @@ async def start_fleet(
     async with contextlib.AsyncExitStack() as stack:
 
         async def start(gateway_db_url: str | None = None, **stub: Any) -> Fleet:
-            settings = ApiserverSettings(
-                database_url=postgres_url, log=LogSettings(access=False), admin_token=admin_token
-            )
-            resources = await stack.enter_async_context(open_apiserver(settings))
-            api_url = await stack.enter_async_context(
-                running_app(create_apiserver_app(settings, resources))
-            )
-            api = await stack.enter_async_context(
-                httpx.AsyncClient(base_url=api_url, headers=bearer(admin_token))
-            )
+            control_plane = running_control_plane(postgres_url, admin_token)
+            api = await stack.enter_async_context(control_plane)
             engine = await start_stub(model=MODEL, **stub)
             database = DatabaseModeSettings(
                 url=gateway_db_url or postgres_url,

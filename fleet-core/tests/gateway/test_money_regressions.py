@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -137,11 +138,8 @@ async def test_the_default_max_tokens_reserved_is_forwarded(
 # -- item 4: a client leaving before the usage frame -------------------------------------------
 
 
-async def test_usage_is_read_after_the_client_leaves_past_finish_reason(rig: Rig) -> None:
-    """The record fell back to the gateway's count when the client left before the usage frame
-    (here the engine says 40 completion tokens; the relayed text counts 1)."""
-    words = chat_frames(["ok"])
-    rig.engine.then([sse(), *words, 0.3, usage_frame(7, 40), frame("[DONE]"), END])
+async def stream_until(rig: Rig, leave: Callable[[str], bool]) -> None:
+    """Stream a chat and leave (close the connection) at the first line for which ``leave``."""
     async with (
         httpx.AsyncClient() as http,
         http.stream(
@@ -151,8 +149,17 @@ async def test_usage_is_read_after_the_client_leaves_past_finish_reason(rig: Rig
         ) as response,
     ):
         async for line in response.aiter_lines():
-            if "finish_reason" in line and '"stop"' in line:
-                break  # the client has all it wanted and leaves
+            if leave(line):
+                return
+
+
+async def test_usage_is_read_after_the_client_leaves_past_finish_reason(rig: Rig) -> None:
+    """The record fell back to the gateway's count when the client left before the usage frame
+    (here the engine says 40 completion tokens; the relayed text counts 1)."""
+    words = chat_frames(["ok"])
+    rig.engine.then([sse(), *words, 0.3, usage_frame(7, 40), frame("[DONE]"), END])
+    # the client has all it wanted and leaves
+    await stream_until(rig, lambda line: "finish_reason" in line and '"stop"' in line)
     [record] = await rig.books.check(admitted=1)
     assert record.outcome == "client_disconnected"
     assert record.engine is not None
@@ -165,17 +172,7 @@ async def test_a_client_leaving_on_done_before_the_engine_ends_is_ok(rig: Rig) -
     still waiting for it, saw the client leave and recorded the complete stream as
     client_disconnected (499)."""
     rig.engine.then([sse(), *chat_frames(["ok"]), usage_frame(7, 2), frame("[DONE]"), 1.0, END])
-    async with (
-        httpx.AsyncClient() as http,
-        http.stream(
-            "POST",
-            f"{rig.gw.url}/v1/chat/completions",
-            json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True},
-        ) as response,
-    ):
-        async for line in response.aiter_lines():
-            if line.strip() == "data: [DONE]":
-                break  # as the SDK does
+    await stream_until(rig, lambda line: line.strip() == "data: [DONE]")  # as the SDK does
     [record] = await rig.books.check(admitted=1)
     assert (record.status, record.outcome) == (200, "ok")
     assert record.engine is not None

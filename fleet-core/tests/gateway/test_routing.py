@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from fleet_core.gateway.routing.selection import Candidate, choose
 
-from .conftest import GatewayFactory, StubFactory
+from .conftest import GatewayFactory, Served, StubFactory
 from .test_failover import dead_url, eventually
 from .test_openai_sdk import records_of
 
@@ -61,16 +61,28 @@ async def test_load_spreads_across_endpoints(
     assert min(a.stats().requests_started, b.stats().requests_started) >= 3
 
 
-async def test_slots_queue_then_refuse_with_retry_after(
-    start_stub: StubFactory, start_gateway: GatewayFactory
-) -> None:
-    engine = await start_stub(model="m", latency_ms=400)
+async def one_slot(
+    start_stub: StubFactory,
+    start_gateway: GatewayFactory,
+    *,
+    latency_ms: int,
+    queue_timeout_s: float,
+) -> tuple[Served, Served]:
+    """An engine answering after ``latency_ms`` behind a gateway giving it one slot."""
+    engine = await start_stub(model="m", latency_ms=latency_ms)
     gw = await start_gateway(
         {
-            "queue_timeout_s": 0.2,
+            "queue_timeout_s": queue_timeout_s,
             "upstreams": [{"id": "x", "model": "m", "base_url": engine.url, "slots": 1}],
         }
     )
+    return engine, gw
+
+
+async def test_slots_queue_then_refuse_with_retry_after(
+    start_stub: StubFactory, start_gateway: GatewayFactory
+) -> None:
+    engine, gw = await one_slot(start_stub, start_gateway, latency_ms=400, queue_timeout_s=0.2)
     async with httpx.AsyncClient(timeout=10) as http:
         body = {"model": "m", "messages": MSG}
         first = asyncio.create_task(http.post(f"{gw.url}/v1/chat/completions", json=body))
@@ -86,13 +98,7 @@ async def test_slots_queue_then_refuse_with_retry_after(
 async def test_a_queued_request_is_served_when_a_slot_frees(
     start_stub: StubFactory, start_gateway: GatewayFactory
 ) -> None:
-    engine = await start_stub(model="m", latency_ms=150)
-    gw = await start_gateway(
-        {
-            "queue_timeout_s": 5,
-            "upstreams": [{"id": "x", "model": "m", "base_url": engine.url, "slots": 1}],
-        }
-    )
+    engine, gw = await one_slot(start_stub, start_gateway, latency_ms=150, queue_timeout_s=5)
     client = gw.client()
     seen: list[int] = []
 
