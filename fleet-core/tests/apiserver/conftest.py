@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -30,6 +32,19 @@ async def start_apiserver(admin_token: str) -> AsyncIterator[ApiserverFactory]:
             return await stack.enter_async_context(running_app(app))
 
         yield start
+
+
+@pytest.fixture
+async def acme_api(
+    start_apiserver: ApiserverFactory, postgres_url: str, admin_headers: dict[str, str]
+) -> str:
+    """A control plane on a fresh Postgres database holding tenant ``acme`` and its project
+    ``acme/chat``."""
+    api = await start_apiserver(database_url=postgres_url)
+    async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:
+        await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
+        await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
+    return api
 
 
 @pytest.fixture(params=["memory", "postgres"])
@@ -66,3 +81,18 @@ def envelope(response: httpx.Response, status: int) -> dict[str, Any]:
     assert set(body) == {"error"}
     assert set(body["error"]) == {"message", "type", "param", "code"}
     return body["error"]
+
+
+def refused_to_start(env: dict[str, str]) -> str:
+    """``fleet-apiserver`` started with ``env`` must refuse (exit 2) in one line: that line."""
+    result = subprocess.run(
+        [sys.executable, "-m", "fleet_core.apiserver", "--listen", "127.0.0.1:0"],
+        env={"PATH": "/usr/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    return result.stderr

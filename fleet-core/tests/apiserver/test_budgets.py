@@ -11,21 +11,9 @@ import pytest
 from fleet_core.budgets.windows import parse_window, render_window
 from fleet_core.errors import InvalidRequest
 
-from .conftest import ApiserverFactory
-from .test_tenants import error
+from .conftest import envelope
 
 RULE = {"scopeKind": "tenant", "scopeId": "acme", "dimension": "tokens_total", "limit": 1000}
-
-
-@pytest.fixture
-async def db_api(
-    start_apiserver: ApiserverFactory, postgres_url: str, admin_headers: dict[str, str]
-) -> str:
-    api = await start_apiserver(database_url=postgres_url)
-    async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:
-        await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
-        await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
-    return api
 
 
 @pytest.mark.parametrize(
@@ -62,9 +50,9 @@ def test_windows_render_in_the_largest_whole_unit() -> None:
 
 
 async def test_a_rule_keeps_its_window_as_given(
-    db_api: str, postgres_url: str, admin_headers: dict[str, str]
+    acme_api: str, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=acme_api) as http:
         created = await http.post("/api/v1/budget-rules/", json={**RULE, "window": "1mo"})
         assert created.status_code == 201, created.text
         rule = created.json()
@@ -77,8 +65,8 @@ async def test_a_rule_keeps_its_window_as_given(
         assert [r["window"] for r in listed["data"]] == ["1mo", "7d"]
         assert (await http.get(f"/api/v1/budget-rules/{rule['id']}")).json() == rule
         assert (await http.delete(f"/api/v1/budget-rules/{rule['id']}")).json() == rule
-        error(await http.get(f"/api/v1/budget-rules/{rule['id']}"), 404)
-        error(await http.delete("/api/v1/budget-rules/whatever"), 404)
+        envelope(await http.get(f"/api/v1/budget-rules/{rule['id']}"), 404)
+        envelope(await http.delete("/api/v1/budget-rules/whatever"), 404)
     with psycopg.connect(postgres_url) as conn:
         assert conn.execute("SELECT window_s, window_spec FROM budget_rules").fetchall() == [
             (604800, "7d")
@@ -86,14 +74,14 @@ async def test_a_rule_keeps_its_window_as_given(
 
 
 async def test_a_rule_written_without_its_window_string_is_rendered(
-    db_api: str, postgres_url: str, admin_headers: dict[str, str]
+    acme_api: str, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
     with psycopg.connect(postgres_url) as conn:
         conn.execute(
             'INSERT INTO budget_rules (id, scope_kind, scope_id, dimension, "limit", window_s)'
             " VALUES ('rule_00000000000a', 'tenant', 'acme', 'units', 5, 2592000)"
         )
-    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=acme_api) as http:
         rule = (await http.get("/api/v1/budget-rules/rule_00000000000a")).json()
         assert rule["window"] == "1mo"
 
@@ -113,14 +101,14 @@ async def test_a_rule_written_without_its_window_string_is_rendered(
     ],
 )
 async def test_invalid_rules_are_400_naming_the_field(
-    db_api: str, change: dict[str, Any], param: str, admin_headers: dict[str, str]
+    acme_api: str, change: dict[str, Any], param: str, admin_headers: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=acme_api) as http:
         body = {**RULE, "window": "1d", **change}
-        assert error(await http.post("/api/v1/budget-rules", json=body), 400)["param"] == param
+        assert envelope(await http.post("/api/v1/budget-rules", json=body), 400)["param"] == param
 
 
-async def test_a_project_scope_is_accepted(db_api: str, admin_headers: dict[str, str]) -> None:
-    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
+async def test_a_project_scope_is_accepted(acme_api: str, admin_headers: dict[str, str]) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=acme_api) as http:
         body = {**RULE, "scopeKind": "project", "scopeId": "acme/chat", "window": "5h"}
         assert (await http.post("/api/v1/budget-rules", json=body)).status_code == 201

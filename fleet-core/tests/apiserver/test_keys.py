@@ -8,21 +8,16 @@ import httpx
 import psycopg
 import pytest
 
-from .conftest import ApiserverFactory
-from .test_tenants import error
+from .conftest import envelope
 
 
 @pytest.fixture
-async def db_api(
-    start_apiserver: ApiserverFactory, postgres_url: str, admin_headers: dict[str, str]
-) -> str:
-    api = await start_apiserver(database_url=postgres_url)
-    async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:
-        await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
-        await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
+async def db_api(acme_api: str, admin_headers: dict[str, str]) -> str:
+    """``acme_api`` with a second project, ``acme/old``, deactivated."""
+    async with httpx.AsyncClient(headers=admin_headers, base_url=acme_api) as http:
         await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "old"})
         await http.patch("/api/v1/projects/acme/old", json={"active": False})
-    return api
+    return acme_api
 
 
 async def test_the_secret_is_shown_once_and_only_its_digest_kept(
@@ -73,8 +68,8 @@ async def test_revoking_is_recorded_and_unknown_keys_are_404(
         ]
         assert listed["revokedAt"] == revoked.json()["revokedAt"]
         assert "secret" not in revoked.json()
-        error(await http.delete("/api/v1/keys/key_000000000000"), 404)
-        error(await http.delete("/api/v1/keys/nonsense"), 404)
+        envelope(await http.delete("/api/v1/keys/key_000000000000"), 404)
+        envelope(await http.delete("/api/v1/keys/nonsense"), 404)
     with psycopg.connect(postgres_url) as conn:
         assert conn.execute("SELECT revoked_at IS NOT NULL FROM api_keys").fetchone() == (True,)
 
@@ -84,11 +79,11 @@ async def test_keys_only_for_existing_active_projects(
 ) -> None:
     async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
         unknown = await http.post("/api/v1/keys", json={"projectId": "acme/none", "label": "x"})
-        assert error(unknown, 400)["param"] == "projectId"
+        assert envelope(unknown, 400)["param"] == "projectId"
         inactive = await http.post("/api/v1/keys", json={"projectId": "acme/old", "label": "x"})
-        refused = error(inactive, 400)
+        refused = envelope(inactive, 400)
         assert (refused["param"], refused["code"]) == ("projectId", "project_inactive")
         missing = await http.post("/api/v1/keys", json={"projectId": "acme/chat"})
-        assert error(missing, 400)["param"] == "label"
+        assert envelope(missing, 400)["param"] == "label"
         other = await http.get("/api/v1/keys", params={"projectId": "acme/old"})
         assert other.json() == {"object": "list", "data": []}

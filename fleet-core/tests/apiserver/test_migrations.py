@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 
 import psycopg
 import pytest
 
 from fleet_core.errors import ConfigError
 from fleet_core.storage.migrations import apply_migrations, available
+
+from .conftest import refused_to_start
 
 
 async def test_two_replicas_starting_together_apply_each_migration_once(postgres_url: str) -> None:
@@ -40,17 +40,8 @@ async def test_a_database_newer_than_the_code_refuses_to_start(postgres_url: str
 
 
 def test_the_cli_refuses_an_unreachable_database_in_one_line() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "fleet_core.apiserver", "--listen", "127.0.0.1:0"],
-        env={"FLEET_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none", "PATH": "/usr/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 2
-    assert result.stderr.startswith("fleet-apiserver: cannot connect to the database")
-    assert result.stderr.count("\n") == 1
+    stderr = refused_to_start({"FLEET_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
+    assert stderr.startswith("fleet-apiserver: cannot connect to the database")
 
 
 async def test_float_rates_become_integer_micro_units_per_1k_tokens(postgres_url: str) -> None:

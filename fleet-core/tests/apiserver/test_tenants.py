@@ -8,20 +8,12 @@ import httpx
 import psycopg
 import pytest
 
-from .conftest import ApiserverFactory
+from .conftest import ApiserverFactory, envelope
 
 
 @pytest.fixture
 async def db_api(start_apiserver: ApiserverFactory, postgres_url: str) -> str:
     return await start_apiserver(database_url=postgres_url)
-
-
-def error(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    body: dict[str, Any] = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    return body["error"]
 
 
 async def test_a_tenant_is_created_read_listed_and_refused_twice(
@@ -38,8 +30,8 @@ async def test_a_tenant_is_created_read_listed_and_refused_twice(
         listed = (await http.get("/api/v1/tenants")).json()
         assert listed == {"object": "list", "data": [tenant]}
         again = await http.post("/api/v1/tenants", json={"id": "acme", "name": "Other"})
-        assert error(again, 409)["code"] == "already_exists"
-        assert error(await http.get("/api/v1/tenants/nobody"), 404)["code"] == "not_found"
+        assert envelope(again, 409)["code"] == "already_exists"
+        assert envelope(await http.get("/api/v1/tenants/nobody"), 404)["code"] == "not_found"
 
 
 @pytest.mark.parametrize(
@@ -59,14 +51,14 @@ async def test_invalid_tenants_are_400_naming_the_field(
     db_api: str, body: dict[str, Any], param: str, admin_headers: dict[str, str]
 ) -> None:
     async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
-        refused = error(await http.post("/api/v1/tenants", json=body), 400)
+        refused = envelope(await http.post("/api/v1/tenants", json=body), 400)
         assert refused["param"] == param
         assert refused["type"] == "invalid_request_error"
 
 
 async def test_malformed_json_is_400(db_api: str, admin_headers: dict[str, str]) -> None:
     async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
-        assert error(await http.post("/api/v1/tenants", content=b"{nope"), 400)["param"] is None
+        assert envelope(await http.post("/api/v1/tenants", content=b"{nope"), 400)["param"] is None
 
 
 async def test_projects_are_named_tenant_slash_name(
@@ -82,10 +74,10 @@ async def test_projects_are_named_tenant_slash_name(
         listed = (await http.get("/api/v1/projects", params={"tenantId": "acme"})).json()
         assert [p["id"] for p in listed["data"]] == ["acme/chat"]
         dup = await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
-        error(dup, 409)
+        envelope(dup, 409)
         orphan = await http.post("/api/v1/projects", json={"tenantId": "nobody", "name": "x"})
-        assert error(orphan, 400)["param"] == "tenantId"
-        error(await http.get("/api/v1/projects/acme/none"), 404)
+        assert envelope(orphan, 400)["param"] == "tenantId"
+        envelope(await http.get("/api/v1/projects/acme/none"), 404)
 
 
 async def test_project_limits_never_exceed_the_tenants(
@@ -95,13 +87,14 @@ async def test_project_limits_never_exceed_the_tenants(
         tenant = {"id": "acme", "name": "Acme", "requestLimit": 100, "tokenLimit": 1000}
         await http.post("/api/v1/tenants", json=tenant)
         above = {"tenantId": "acme", "name": "big", "tokenLimit": 1001}
-        assert error(await http.post("/api/v1/projects", json=above), 400)["param"] == "tokenLimit"
+        refused = envelope(await http.post("/api/v1/projects", json=above), 400)
+        assert refused["param"] == "tokenLimit"
         fits = {"tenantId": "acme", "name": "chat", "requestLimit": 60, "tokenLimit": 1000}
         assert (await http.post("/api/v1/projects", json=fits)).status_code == 201
         raised = await http.patch("/api/v1/projects/acme/chat", json={"requestLimit": 101})
-        assert error(raised, 400)["param"] == "requestLimit"
+        assert envelope(raised, 400)["param"] == "requestLimit"
         lowered = await http.patch("/api/v1/tenants/acme", json={"requestLimit": 59})
-        refused = error(lowered, 400)
+        refused = envelope(lowered, 400)
         assert refused["param"] == "requestLimit"
         assert "acme/chat" in refused["message"]
         unlimited = await http.patch("/api/v1/tenants/acme", json={"requestLimit": None})
@@ -112,10 +105,8 @@ async def test_project_limits_never_exceed_the_tenants(
         assert ok.json()["requestLimit"] == 5000
 
 
-async def test_inactive_is_stored(db_api: str, admin_headers: dict[str, str]) -> None:
-    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
-        await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
-        await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
+async def test_inactive_is_stored(acme_api: str, admin_headers: dict[str, str]) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=acme_api) as http:
         patched = await http.patch("/api/v1/projects/acme/chat", json={"active": False})
         assert patched.json()["active"] is False
         assert (await http.get("/api/v1/projects/acme/chat")).json()["active"] is False
@@ -125,33 +116,29 @@ async def test_inactive_is_stored(db_api: str, admin_headers: dict[str, str]) ->
 
 
 async def test_delete_without_usage_takes_projects_keys_and_rules(
-    db_api: str, postgres_url: str, admin_headers: dict[str, str]
+    acme_api: str, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
-        await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
-        await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
+    async with httpx.AsyncClient(headers=admin_headers, base_url=acme_api) as http:
         await http.post("/api/v1/keys", json={"projectId": "acme/chat", "label": "ci"})
         rule = {"scopeKind": "project", "scopeId": "acme/chat", "dimension": "units"}
         await http.post("/api/v1/budget-rules", json={**rule, "limit": 5, "window": "1d"})
         deleted = await http.delete("/api/v1/tenants/acme")
         assert deleted.json() == {"id": "acme", "object": "tenant", "deleted": True}
-        error(await http.get("/api/v1/projects/acme/chat"), 404)
-        error(await http.delete("/api/v1/tenants/acme"), 404)
+        envelope(await http.get("/api/v1/projects/acme/chat"), 404)
+        envelope(await http.delete("/api/v1/tenants/acme"), 404)
     with psycopg.connect(postgres_url) as conn:
         for table in ("projects", "api_keys", "budget_rules"):
             assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
 
 
 async def test_delete_with_billed_usage_is_409_saying_deactivate(
-    db_api: str, postgres_url: str, admin_headers: dict[str, str]
+    acme_api: str, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
-        await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
-        await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
+    async with httpx.AsyncClient(headers=admin_headers, base_url=acme_api) as http:
         await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "idle"})
         bill(postgres_url, tenant="acme", project="chat")
         for path in ("/api/v1/projects/acme/chat", "/api/v1/tenants/acme"):
-            refused = error(await http.delete(path), 409)
+            refused = envelope(await http.delete(path), 409)
             assert refused["code"] == "has_usage"
             assert "PATCH" in refused["message"]
             assert '"active": false' in refused["message"]
