@@ -123,13 +123,33 @@ async def serving(app: web.Application) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+@contextlib.asynccontextmanager
+async def receiving_inventory(
+    put: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """A control plane answering only ``PUT /api/v1/inventory``, with ``put``; its base URL."""
+    app = web.Application()
+    app.router.add_put("/api/v1/inventory", put)
+    async with serving(app) as url:
+        yield url
+
+
 @pytest.fixture
 async def sink() -> AsyncIterator[tuple[Sink, str]]:
     state = Sink()
-    app = web.Application()
-    app.router.add_put("/api/v1/inventory", state.put)
-    async with serving(app) as url:
+    async with receiving_inventory(state.put) as url:
         yield state, url
+
+
+async def issue_credential(control_plane: str, admin_token: str, body: dict[str, str]) -> str:
+    """``POST /api/v1/credentials`` as the admin; the new credential's secret."""
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    async with (
+        aiohttp.ClientSession(headers=headers) as session,
+        session.post(f"{control_plane}/api/v1/credentials", json=body) as response,
+    ):
+        assert response.status == 201, await response.text()
+        return str((await response.json())["secret"])
 
 
 class Operator:

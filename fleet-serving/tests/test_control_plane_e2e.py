@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from .cluster import Cluster
-from .conftest import FM, NODES, StartOperator, cpu_node, fleetmodel, free_port
+from .conftest import FM, NODES, StartOperator, cpu_node, fleetmodel, free_port, issue_credential
 from .conftest import gpu_node as a_gpu_node
 
 pytestmark = pytest.mark.timeout(60)
@@ -59,13 +59,7 @@ async def control_plane(tmp_path: Path, admin_token: str) -> AsyncIterator[str]:
 async def operator_credential(control_plane: str, admin_token: str, cluster: str) -> str:
     """What an admin does once per cluster: ``POST /api/v1/credentials`` for its operator."""
     body = {"role": "operator", "label": f"operator of {cluster}", "clusterId": cluster}
-    headers = {"Authorization": f"Bearer {admin_token}"}
-    async with (
-        aiohttp.ClientSession(headers=headers) as session,
-        session.post(f"{control_plane}/api/v1/credentials", json=body) as response,
-    ):
-        assert response.status == 201, await response.text()
-        return str((await response.json())["secret"])
+    return await issue_credential(control_plane, admin_token, body)
 
 
 async def until_reported(url: str, token: str, *, within: float = 20.0) -> dict[str, Any]:

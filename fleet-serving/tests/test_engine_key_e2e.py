@@ -35,7 +35,7 @@ from fleet_serving import profiles, rendering
 from fleet_serving.spec import decode_spec
 from fleet_serving.view import ClusterView
 
-from .conftest import cpu_node, fleetmodel, free_port
+from .conftest import cpu_node, fleetmodel, free_port, issue_credential
 from .test_control_plane_e2e import operator_credential
 
 pytestmark = pytest.mark.timeout(90)
@@ -117,16 +117,6 @@ async def start(tmp_path: Path) -> AsyncIterator[Start]:
         await asyncio.wait_for(process.wait(), timeout=15)
 
 
-async def credential(control_plane: str, admin_token: str, body: dict[str, str]) -> str:
-    headers = {"Authorization": f"Bearer {admin_token}"}
-    async with (
-        aiohttp.ClientSession(headers=headers) as session,
-        session.post(f"{control_plane}/api/v1/credentials", json=body) as response,
-    ):
-        assert response.status == 201, await response.text()
-        return str((await response.json())["secret"])
-
-
 async def report_as_the_operator(control_plane: str, token: str, model: dict[str, Any],
                                  engine_port: int) -> None:  # fmt: skip
     """The operator's view of the cluster — the FleetModel, its ready Deployment and the
@@ -171,7 +161,7 @@ async def discovered_engine(
     control_plane = f"http://127.0.0.1:{cp_port}"
     operator = await operator_credential(control_plane, admin_token, "test")
     await report_as_the_operator(control_plane, operator, model, engine_port)
-    gateway = await credential(control_plane, admin_token, {"role": "gateway", "label": "gw"})
+    gateway = await issue_credential(control_plane, admin_token, {"role": "gateway", "label": "gw"})
     yield control_plane, gateway, container
 
 

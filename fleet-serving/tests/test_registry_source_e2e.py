@@ -103,6 +103,21 @@ async def credential(control_plane: str, admin_token: str, role: str, **fields: 
     return str(issued["secret"])
 
 
+async def register_tiny(control_plane: str, admin_token: str) -> str:
+    """Model ``tiny`` (GGUF weights on the synthetic hub) registered, not pulled; the URL of the
+    registry's models."""
+    models = f"{control_plane}/api/v1/models"
+    body = {"id": "tiny", "source": {"uri": "hf://fleet/tiny-gguf"}}
+    await call("POST", models, body, token=admin_token)
+    return models
+
+
+async def operate(start_operator: StartOperator, control_plane: str, admin_token: str) -> None:
+    """``fleet-serving run`` for cluster ``test``, on an operator credential of its own."""
+    operator = await credential(control_plane, admin_token, "operator", clusterId="test")
+    await start_operator(control_plane, "--resync=1s", "--report-interval=30s", token=operator)
+
+
 async def run_fetch(
     container: dict[str, Any], model_dir: Path, secrets: dict[tuple[str, str], str]
 ) -> str:
@@ -142,13 +157,11 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
     tmp_path: Path,
     admin_token: str,
 ) -> None:
-    models = f"{control_plane}/api/v1/models"
+    models = await register_tiny(control_plane, admin_token)
     admin = {"token": admin_token}
-    await call("POST", models, {"id": "tiny", "source": {"uri": "hf://fleet/tiny-gguf"}}, **admin)
     await cluster.create(NODES, cpu_node("cpu-1"))
-    operator = await credential(control_plane, admin_token, "operator", clusterId="test")
     engine_token = await credential(control_plane, admin_token, "engine")
-    await start_operator(control_plane, "--resync=1s", "--report-interval=30s", token=operator)
+    await operate(start_operator, control_plane, admin_token)
     spec = {"engine": "llamacpp", "weightFormat": "gguf", "gpusPerReplica": 0}
     await cluster.create(FM, fleetmodel("tiny", source={"registry": "tiny"}, **spec))
     await cluster.create(FM, fleetmodel("ghost", source={"registry": "ghost"}, **spec))
@@ -221,12 +234,9 @@ async def test_a_registry_model_in_the_wrong_format_fails_with_the_reason(
     start_operator: StartOperator,
     admin_token: str,
 ) -> None:
-    models = f"{control_plane}/api/v1/models"
-    admin = {"token": admin_token}
-    await call("POST", models, {"id": "tiny", "source": {"uri": "hf://fleet/tiny-gguf"}}, **admin)
-    await call("POST", f"{models}/tiny/pull", **admin)
-    operator = await credential(control_plane, admin_token, "operator", clusterId="test")
-    await start_operator(control_plane, "--resync=1s", "--report-interval=30s", token=operator)
+    models = await register_tiny(control_plane, admin_token)
+    await call("POST", f"{models}/tiny/pull", token=admin_token)
+    await operate(start_operator, control_plane, admin_token)
     await cluster.create(FM, fleetmodel("wrong", source={"registry": "tiny"}))  # vLLM, safetensors
     status = await eventually(lambda: cluster.phase_of("wrong", "Failed"), within=30)
     assert status["message"] == (

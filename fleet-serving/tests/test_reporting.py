@@ -13,7 +13,7 @@ import fleet_contract
 from fleet_serving.reporting import Reporter, ReporterSettings, backoff_delay
 from fleet_serving.view import ClusterView
 
-from .conftest import free_port, gpu_node, serving
+from .conftest import free_port, gpu_node, receiving_inventory
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -49,9 +49,7 @@ class ControlPlane:
 @pytest.fixture
 async def plane() -> AsyncIterator[tuple[ControlPlane, str]]:
     state = ControlPlane()
-    app = web.Application()
-    app.router.add_put("/api/v1/inventory", state.put)
-    async with serving(app) as url:
+    async with receiving_inventory(state.put) as url:
         yield state, url
 
 
