@@ -27,15 +27,7 @@ from typing import Any
 
 import aiohttp
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from fleet_core.auth.tokens import bearer, client_token
@@ -64,15 +56,8 @@ async def _resolve(api: Api, target: str, model_format: str | None) -> str:
 
 
 async def _follow(api: Api, model_id: str, console: Console) -> dict[str, Any]:
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[file]}"),
-    )
     last: dict[str, Any] = {}
+    columns = uploading.progress_columns()
     with Progress(*columns, console=console, transient=False) as bar:
         task: TaskID = bar.add_task(model_id, total=None, file="")
         async for last in api.events(model_id):

@@ -30,7 +30,7 @@ from rich.progress import (
 
 from fleet_core.registry.client import Api, ApiError
 
-__all__ = ["LocalFile", "LocalFilesError", "default_id", "plan", "run"]
+__all__ = ["LocalFile", "LocalFilesError", "default_id", "plan", "progress_columns", "run"]
 
 _CHUNK = 1 << 20
 _NOT_FOUND = 404
@@ -70,7 +70,8 @@ def _files(path: Path) -> list[LocalFile]:
     return found
 
 
-def _columns() -> tuple[Any, ...]:
+def progress_columns() -> tuple[Any, ...]:
+    """The columns of every transfer bar: name, bar, bytes, speed, time left, current file."""
     return (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -84,7 +85,7 @@ def _columns() -> tuple[Any, ...]:
 async def plan(path: Path, console: Console) -> list[LocalFile]:
     """Every file to import with its size and sha256, hashed with a progress bar."""
     files = await asyncio.to_thread(_files, path)
-    with Progress(*_columns(), console=console) as bar:
+    with Progress(*progress_columns(), console=console) as bar:
         task = bar.add_task("hashing", total=sum(f.size for f in files), file="")
 
         def advance(name: str, n: int) -> None:
@@ -120,7 +121,7 @@ async def run(
         return dict(existing)
     manifest = [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in files]
     last = await api.call("POST", f"/api/v1/models/{model_id}/import", {"files": manifest})
-    with Progress(*_columns(), console=console) as bar:
+    with Progress(*progress_columns(), console=console) as bar:
         task = bar.add_task("uploading", total=sum(f.size for f in files), file="")
         for file in files:
             bar.update(task, file=file.path)
