@@ -16,7 +16,7 @@ from fleet_core import web
 from fleet_core.errors import InvalidRequest, NotFound
 from fleet_core.rates import pricing
 from fleet_core.rates.store import RatesStore
-from fleet_core.rates.wire import RatesPut
+from fleet_core.rates.wire import ModelRates, RatesPut
 
 __all__ = ["rates_routes"]
 
@@ -33,6 +33,12 @@ def _model(request: Request) -> str:
     return model
 
 
+def _found(rates: ModelRates | None, model: str) -> ModelRates:
+    if rates is None:
+        raise NotFound(f"no rates for model {model!r}")
+    return rates
+
+
 class _Rates:
     def __init__(self, store: RatesStore) -> None:
         self.store = store
@@ -42,10 +48,7 @@ class _Rates:
 
     async def get(self, request: Request) -> Response:
         model = _model(request)
-        found = await self.store.get(model)
-        if found is None:
-            raise NotFound(f"no rates for model {model!r}")
-        return web.json_response(found)
+        return web.json_response(_found(await self.store.get(model), model))
 
     async def put(self, request: Request) -> Response:
         model = _model(request)
@@ -55,10 +58,7 @@ class _Rates:
 
     async def delete(self, request: Request) -> Response:
         model = _model(request)
-        found = await self.store.delete(model)
-        if found is None:
-            raise NotFound(f"no rates for model {model!r}")
-        return web.json_response(found)
+        return web.json_response(_found(await self.store.delete(model), model))
 
 
 def rates_routes(pool: AsyncConnectionPool) -> list[BaseRoute]:
