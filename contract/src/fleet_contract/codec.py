@@ -7,7 +7,7 @@ that major happens to define differently.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -15,6 +15,8 @@ from fleet_contract.errors import DecodeError, UnsupportedSchemaVersion
 from fleet_contract.inventory import SUPPORTED_SCHEMA_VERSIONS, InventoryReport
 
 __all__ = ["decode_report", "encode_report", "report_schema"]
+
+T = TypeVar("T")
 
 
 class _VersionProbe(msgspec.Struct, rename="camel"):
@@ -26,18 +28,20 @@ _decoder = msgspec.json.Decoder(InventoryReport)
 _encoder = msgspec.json.Encoder()
 
 
+def decoded(decoder: msgspec.json.Decoder[T], data: bytes | str) -> T:
+    """``decoder.decode(data)``, msgspec's error (naming the field path) raised as ours."""
+    try:
+        return decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(str(exc)) from exc
+
+
 def decode_report(data: bytes | str) -> InventoryReport:
     """Decode and validate a report; unknown fields are ignored, wrong types name their path."""
-    try:
-        version = _probe.decode(data).schema_version
-    except msgspec.DecodeError as exc:
-        raise DecodeError(str(exc)) from exc
+    version = decoded(_probe, data).schema_version
     if version is not None and version not in SUPPORTED_SCHEMA_VERSIONS:
         raise UnsupportedSchemaVersion(version, SUPPORTED_SCHEMA_VERSIONS)
-    try:
-        return _decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise DecodeError(str(exc)) from exc
+    return decoded(_decoder, data)
 
 
 def encode_report(report: InventoryReport) -> bytes:

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from fleet_contract.errors import DecodeError
+from fleet_contract.codec import decoded
 from fleet_contract.inventory import Name, NonNegative, WeightFormat
 
 __all__ = [
@@ -65,10 +65,7 @@ _encoder = msgspec.json.Encoder()
 
 def decode_weights(data: bytes | str) -> ModelWeights:
     """Decode and validate; unknown fields are ignored, wrong types name their path."""
-    try:
-        return _decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise DecodeError(str(exc)) from exc
+    return decoded(_decoder, data)
 
 
 def encode_weights(weights: ModelWeights) -> bytes:
