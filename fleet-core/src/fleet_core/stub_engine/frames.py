@@ -131,11 +131,6 @@ def chat_stream(
 
     opening = [_frame(chunk(ChatChunkChoice(delta=Delta(role="assistant", content=""))))]
     template = chunk(ChatChunkChoice(delta=Delta(content=_SENTINEL)))
-    last = None
-    if usage is not None:
-        last = ChatChunk(
-            id=head.id, created=head.created, model=head.model, choices=[], usage=usage
-        )
     return _stream(
         opening,
         template,
@@ -143,7 +138,7 @@ def chat_stream(
         tokens=tokens,
         tokens_json=tokens_json,
         finish=finish,
-        usage_chunk=last,
+        usage_chunk=_usage_chunk(ChatChunk, head, usage),
     )
 
 
@@ -164,11 +159,6 @@ def completion_stream(
             id=head.id, created=head.created, model=head.model, choices=[choice], usage=null
         )
 
-    last = None
-    if usage is not None:
-        last = CompletionChunk(
-            id=head.id, created=head.created, model=head.model, choices=[], usage=usage
-        )
     template = chunk(_SENTINEL, None)
     return _stream(
         [],
@@ -177,8 +167,17 @@ def completion_stream(
         tokens=tokens,
         tokens_json=tokens_json,
         finish=finish,
-        usage_chunk=last,
+        usage_chunk=_usage_chunk(CompletionChunk, head, usage),
     )
+
+
+def _usage_chunk(
+    kind: type[ChatChunk] | type[CompletionChunk], head: Head, usage: Usage | None
+) -> msgspec.Struct | None:
+    """The last chunk, ``"choices": []`` with the usage, when the client asked for usage."""
+    if usage is None:
+        return None
+    return kind(id=head.id, created=head.created, model=head.model, choices=[], usage=usage)
 
 
 def _stream(
