@@ -69,6 +69,8 @@ async def test_a_tenant_key_reads_its_own_tenant_only(admin: httpx.AsyncClient) 
         assert all("secret" not in k for k in keys)
         rules = (await tenant.get("/api/v1/budget-rules")).json()["data"]
         assert [r["scopeId"] for r in rules] == ["acme"]
+        raise_own = await tenant.patch(f"/api/v1/budget-rules/{rules[0]['id']}", json={"limit": 9})
+        envelope(raise_own, 403)  # a tenant cannot lift its own budget
         theirs = [r for r in (await admin.get("/api/v1/budget-rules")).json()["data"]]
         globex_rule = next(r["id"] for r in theirs if r["scopeId"] == "globex")
         envelope(await tenant.get(f"/api/v1/budget-rules/{globex_rule}"), 403)

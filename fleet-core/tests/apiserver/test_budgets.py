@@ -112,3 +112,48 @@ async def test_a_project_scope_is_accepted(acme_api: str, admin_headers: dict[st
     async with httpx.AsyncClient(headers=admin_headers, base_url=acme_api) as http:
         body = {**RULE, "scopeKind": "project", "scopeId": "acme/chat", "window": "5h"}
         assert (await http.post("/api/v1/budget-rules", json=body)).status_code == 201
+
+
+async def test_a_rules_limit_and_window_change_in_place(
+    db_api: str, postgres_url: str, admin_headers: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
+        rule = (await http.post("/api/v1/budget-rules", json={**RULE, "window": "1d"})).json()
+        one = f"/api/v1/budget-rules/{rule['id']}"
+        limited = await http.patch(one, json={"limit": 50})
+        assert limited.status_code == 200, limited.text
+        assert limited.json() == {**rule, "limit": 50}
+        widened = (await http.patch(one, json={"window": "7d"})).json()
+        assert widened == {**rule, "limit": 50, "window": "7d", "windowSeconds": 604800}
+        assert (await http.get(one)).json() == widened
+        assert (await http.patch(one, json={})).json() == widened
+    with psycopg.connect(postgres_url) as conn:
+        row = conn.execute('SELECT "limit", window_s, window_spec FROM budget_rules').fetchone()
+    assert row == (50, 604800, "7d")
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"window": "1y"}, "window"),
+        ({"window": "0d"}, "window"),
+        ({"window": 7}, "window"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 2**53}, "limit"),
+        ({"limit": None}, "limit"),
+    ],
+)
+async def test_a_bad_change_is_400_naming_the_field_and_changes_nothing(
+    db_api: str, change: dict[str, Any], param: str, admin_headers: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
+        rule = (await http.post("/api/v1/budget-rules", json={**RULE, "window": "1d"})).json()
+        one = f"/api/v1/budget-rules/{rule['id']}"
+        assert error(await http.patch(one, json=change), 400)["param"] == param
+        assert (await http.get(one)).json() == rule
+
+
+async def test_changing_a_missing_rule_is_404(db_api: str, admin_headers: dict[str, str]) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
+        error(await http.patch("/api/v1/budget-rules/rule_00000000000b", json={"limit": 5}), 404)
+        error(await http.patch("/api/v1/budget-rules/whatever", json={"limit": 5}), 404)

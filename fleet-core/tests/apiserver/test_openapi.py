@@ -49,6 +49,7 @@ DATABASE = {
     ("POST", "/api/v1/budget-rules"),
     ("GET", "/api/v1/budget-rules"),
     ("GET", "/api/v1/budget-rules/{rule_id}"),
+    ("PATCH", "/api/v1/budget-rules/{rule_id}"),
     ("DELETE", "/api/v1/budget-rules/{rule_id}"),
     ("GET", "/api/v1/usage"),
     ("GET", "/api/v1/usage-agreement"),

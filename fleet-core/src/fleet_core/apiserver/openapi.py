@@ -216,6 +216,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "List budget rules", response=list[budgets.BudgetRule]
     ),
     ("GET", _RULE): Operation("Read a budget rule", response=budgets.BudgetRule, errors=(404,)),
+    ("PATCH", _RULE): Operation(
+        "Change a budget rule's limit or window (its scope and dimension stay)",
+        body=budgets.RulePatch,
+        response=budgets.BudgetRule,
+        errors=(400, 404),
+    ),
     ("POST", "/api/v1/cost-rates"): Operation(
         "Set what one GPU-hour costs on a cluster (integer micro-units), from effectiveFrom on",
         body=costs.RateCreate,

@@ -53,6 +53,7 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("POST", "/api/v1/budget-rules"): ADMIN,
     ("GET", "/api/v1/budget-rules"): allow("finance", "tenant"),
     ("GET", _RULE): allow("finance", "tenant"),
+    ("PATCH", _RULE): ADMIN,
     ("DELETE", _RULE): ADMIN,
     # usage and money: finance
     ("GET", "/api/v1/usage"): allow("finance", "tenant"),

@@ -1,4 +1,4 @@
-"""HTTP edge of budget rules: create, list, read one, delete."""
+"""HTTP edge of budget rules: create, list, read one, change its limit or window, delete."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from starlette.routing import BaseRoute, Route
 from fleet_core import web
 from fleet_core.auth import guard
 from fleet_core.budgets.service import BudgetService
-from fleet_core.budgets.wire import BudgetRule, RuleCreate
+from fleet_core.budgets.wire import BudgetRule, RuleCreate, RulePatch
 
 __all__ = ["budget_routes"]
 
 _CREATE = msgspec.json.Decoder(RuleCreate)
+_PATCH = msgspec.json.Decoder(RulePatch)
 
 
 class _Rules:
@@ -38,6 +39,10 @@ class _Rules:
         guard.require_tenant(request, owner(rule), param="rule_id")
         return web.json_response(rule)
 
+    async def patch(self, request: Request) -> Response:
+        patch = web.decode(_PATCH, await request.body())
+        return web.json_response(await self.service.patch(request.path_params["rule_id"], patch))
+
     async def delete(self, request: Request) -> Response:
         return web.json_response(await self.service.delete(request.path_params["rule_id"]))
 
@@ -54,5 +59,6 @@ def budget_routes(pool: AsyncConnectionPool) -> list[BaseRoute]:
         Route("/api/v1/budget-rules", rules.create, methods=["POST"]),
         Route("/api/v1/budget-rules", rules.list, methods=["GET"]),
         Route(one, rules.get, methods=["GET"]),
+        Route(one, rules.patch, methods=["PATCH"]),
         Route(one, rules.delete, methods=["DELETE"]),
     ]

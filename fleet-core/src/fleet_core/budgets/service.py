@@ -1,4 +1,5 @@
-"""Budget rules: a rule is accepted when its window parses and its scope exists.
+"""Budget rules: a rule is accepted when its window parses and its scope exists; its limit and
+window may change later (PATCH), its scope and dimension may not.
 
 Scopes are looked up through the tenants service (a rule on a missing tenant or project is a 400
 naming ``scopeId``); the rule itself is stored with both the window as written and its seconds.
@@ -9,11 +10,12 @@ from __future__ import annotations
 import re
 import secrets
 
+from msgspec import UnsetType
 from psycopg_pool import AsyncConnectionPool
 
 from fleet_core.budgets.store import RuleStore
 from fleet_core.budgets.windows import parse_window
-from fleet_core.budgets.wire import BudgetRule, RuleCreate
+from fleet_core.budgets.wire import BudgetRule, RuleCreate, RulePatch
 from fleet_core.errors import InvalidRequest, NotFound
 from fleet_core.tenants import service as tenants
 
@@ -45,6 +47,17 @@ class BudgetService:
         if rule is None:
             raise NotFound(f"no budget rule {rule_id!r}")
         return rule
+
+    async def patch(self, rule_id: str, patch: RulePatch) -> BudgetRule:
+        """A new limit or window for an existing rule; the gateways read it on their next poll."""
+        rule = await self.get(rule_id)
+        limit = rule.limit if isinstance(patch.limit, UnsetType) else patch.limit
+        window = rule.window if isinstance(patch.window, UnsetType) else patch.window
+        window_s = parse_window(window)
+        updated = await self.store.update(rule_id, limit=limit, window=window, window_s=window_s)
+        if updated is None:  # deleted between the read and the write
+            raise NotFound(f"no budget rule {rule_id!r}")
+        return updated
 
     async def delete(self, rule_id: str) -> BudgetRule:
         rule = await self.store.delete(rule_id) if _RULE_ID.fullmatch(rule_id) else None

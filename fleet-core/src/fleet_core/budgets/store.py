@@ -68,6 +68,15 @@ class RuleStore:
     async def get(self, rule_id: str) -> BudgetRule | None:
         return await self._one(f"SELECT {_RULE} FROM budget_rules WHERE id = %s", (rule_id,))
 
+    async def update(
+        self, rule_id: str, *, limit: int, window: str, window_s: int
+    ) -> BudgetRule | None:
+        return await self._one(
+            'UPDATE budget_rules SET "limit" = %s, window_spec = %s, window_s = %s'
+            f" WHERE id = %s RETURNING {_RULE}",
+            (limit, window, window_s, rule_id),
+        )
+
     async def delete(self, rule_id: str) -> BudgetRule | None:
         return await self._one(
             f"DELETE FROM budget_rules WHERE id = %s RETURNING {_RULE}", (rule_id,)
