@@ -45,12 +45,12 @@ async def test_signals_are_scraped_published_and_shown(
     start_stub: StubFactory, start_gateway: GatewayFactory
 ) -> None:
     vllm = await start_stub(model="m", kv_capacity_tokens=4096, kv_baseline=0.5)
-    llama = await start_stub(model="l", profile="llamacpp")
+    llama = await start_stub(model="l", profile="llamacpp", max_num_seqs=3)
     gw = await start_gateway(
         {
             "health": FAST_HEALTH,
             "upstreams": [
-                {"id": "v", "model": "m", "base_url": vllm.url},
+                {"id": "v", "model": "m", "base_url": vllm.url, "slots": 8},
                 {"id": "l", "model": "l", "engine": "llamacpp", "base_url": llama.url},
             ],
         }
@@ -72,6 +72,10 @@ async def test_signals_are_scraped_published_and_shown(
     shown = health["upstreams"]["m"]["endpoints"][0]["signals"]
     assert (shown["kvUsage"], shown["kvCapacityTokens"], shown["waiting"]) == (0.5, 4096, 0)
     assert health["upstreams"]["l"]["endpoints"][0]["signals"]["kvUsage"] is None
+    # slots: the gateway's own limit where configured; the engine's total where it says (/props)
+    (v,), (ll,) = health["upstreams"]["m"]["endpoints"], health["upstreams"]["l"]["endpoints"]
+    assert (v["slotLimit"], v["signals"]["slotsTotal"], v["signals"]["running"]) == (8, None, 0)
+    assert (ll["slotLimit"], ll["signals"]["slotsTotal"], ll["signals"]["running"]) == (None, 3, 0)
 
 
 async def test_kv_pressure_steers_requests_away(

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fleet_core.gateway.routing import affinity
 from fleet_core.gateway.routing.fairness import FairQueue
 from fleet_core.gateway.routing.selection import Candidate, Scoring, choose, score
-from fleet_core.gateway.routing.signals import EngineSignals, parse_metrics
+from fleet_core.gateway.routing.signals import EngineSignals, parse_metrics, parse_props
 
 SCORING = Scoring(kv_threshold=0.8, kv_penalty=8.0)
 
@@ -218,6 +218,25 @@ llamacpp:requests_deferred 7
 )
 def test_parse_metrics_table(engine: str, text: str, expected: EngineSignals) -> None:
     assert parse_metrics(engine, text, at=1.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"total_slots": 4, "model_path": "m.gguf"}', 4),
+        (b"{}", None),
+        (b'{"total_slots": 0}', None),
+        (b'{"total_slots": -3}', None),
+        (b'{"total_slots": 99999999999}', None),
+        (b'{"total_slots": "4"}', None),
+        (b'{"total_slots": 4.5}', None),
+        (b"[4]", None),
+        (b"<html>", None),
+        (b"", None),
+    ],
+)
+def test_a_props_body_is_untrusted(body: bytes, expected: int | None) -> None:
+    assert parse_props(body) == expected
 
 
 def test_signals_go_stale_after_two_intervals() -> None:

@@ -1,4 +1,4 @@
-"""The engine-specific edges: /v1/models, /health, /metrics, unknown paths, per profile."""
+"""The engine-specific edges: /v1/models, /health, /metrics, /props, unknown paths, per profile."""
 
 from __future__ import annotations
 
@@ -48,6 +48,16 @@ async def test_health_per_profile(launch: Launch, http: httpx.AsyncClient) -> No
     llama = await http.get(f"{(await launch(profile='llamacpp')).state.base_url}/health")
     assert (vllm.status_code, vllm.content) == (200, b"")
     assert (llama.status_code, llama.json()) == (200, {"status": "ok"})
+
+
+async def test_llama_server_props_name_its_slot_count_and_vllm_has_none(
+    launch: Launch, http: httpx.AsyncClient
+) -> None:
+    llama = await http.get(
+        f"{(await launch(profile='llamacpp', max_num_seqs=3)).state.base_url}/props"
+    )
+    assert (llama.status_code, llama.json()["total_slots"]) == (200, 3)
+    assert (await http.get(f"{(await launch()).state.base_url}/props")).status_code == 404
 
 
 async def test_unknown_v1_path_and_wrong_method_get_envelopes(

@@ -5,13 +5,15 @@ so the ``openai`` kind is probed with ``/v1/models``. A passing check also readm
 passive ejection took out (``EndpointRegistry.record_failure``).
 
 On the same cadence, vLLM and llama.cpp endpoints have their ``/metrics`` scraped for the load
-signals routing weighs (`routing.signals`). A failed scrape is not a failed health check: the
+signals routing weighs (`routing.signals`), and llama.cpp's ``/props`` for its slot count (which
+the console shows beside the busy slots). A failed scrape is not a failed health check: the
 endpoint keeps serving and its signals simply grow stale, and stale signals are ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -66,22 +68,31 @@ class HealthChecker:
 
     async def scrape(self, target: Target, headers: dict[str, str]) -> None:
         """Read the engine's ``/metrics`` (bounded) into its state's signals."""
+        raw = await self._read(target.url + "/metrics", headers)
+        if raw is None:
+            return
+        text = raw.decode("utf-8", "replace")
+        found = signals.parse_metrics(target.engine, text, at=time.monotonic())
+        if target.engine == "llamacpp":
+            props = await self._read(target.url + "/props", headers)
+            total = None if props is None else signals.parse_props(props)
+            found = dataclasses.replace(found, slots_total=total)
+        self._registry.get(target.url).signals = found
+
+    async def _read(self, url: str, headers: dict[str, str]) -> bytes | None:
+        """A 200's body, at most ``MAX_METRICS_BYTES`` of it; None on any other answer."""
         try:
-            async with self._session.get(
-                target.url + "/metrics", headers=headers, timeout=self._timeout
-            ) as response:
+            async with self._session.get(url, headers=headers, timeout=self._timeout) as response:
                 if response.status != 200:
-                    return
+                    return None
                 raw = bytearray()
                 async for chunk in response.content.iter_chunked(1 << 16):
                     raw += chunk
                     if len(raw) >= signals.MAX_METRICS_BYTES:
                         break  # bounded: what is past the limit is not read
         except (aiohttp.ClientError, TimeoutError):
-            return
-        text = raw[: signals.MAX_METRICS_BYTES].decode("utf-8", "replace")
-        found = signals.parse_metrics(target.engine, text, at=time.monotonic())
-        self._registry.get(target.url).signals = found
+            return None
+        return bytes(raw[: signals.MAX_METRICS_BYTES])
 
     async def check_all(self, table: RoutingTable) -> None:
         targets = {t.url: t for pool in table.pools.values() for t in pool.targets}

@@ -71,6 +71,7 @@ class Router:
                         "state": "ready" if state.ready else "down",
                         "reason": state.reason,
                         "inFlight": state.in_flight,
+                        "slotLimit": target.slots,
                         "signals": _signals(state.signals, now),
                     }
                 )
@@ -94,4 +95,5 @@ def _signals(signals: EngineSignals | None, now: float) -> dict[str, Any] | None
         "waiting": signals.waiting,
         "kvUsage": signals.kv_usage,
         "kvCapacityTokens": signals.kv_capacity_tokens,
+        "slotsTotal": signals.slots_total,
     }

@@ -32,13 +32,16 @@ def create_app(settings: StubSettings) -> Starlette:
         Route("/models", routes.models, methods=["GET"]),
     ]
     keyed = [Middleware(BearerAuth, key=settings.api_key)] if settings.api_key else None
+    served = [
+        Mount("/v1", routes=v1, middleware=keyed),
+        Route("/health", routes.health, methods=["GET"]),
+        Route("/metrics", routes.metrics, methods=["GET"]),
+        Route("/stats", routes.stats, methods=["GET"]),
+    ]
+    if settings.profile == "llamacpp":  # vLLM has no /props
+        served.append(Route("/props", routes.props, methods=["GET"]))
     app = Starlette(
-        routes=[
-            Mount("/v1", routes=v1, middleware=keyed),
-            Route("/health", routes.health, methods=["GET"]),
-            Route("/metrics", routes.metrics, methods=["GET"]),
-            Route("/stats", routes.stats, methods=["GET"]),
-        ],
+        routes=served,
         exception_handlers=errors.handlers(settings.profile),
     )
     app.state.settings = settings

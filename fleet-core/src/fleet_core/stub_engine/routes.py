@@ -1,6 +1,7 @@
 """The stub's HTTP edge: decode the body, make one service call, hand back bytes.
 
-Fixed answers (``/v1/models``, ``/health``) are encoded once when the app is built.
+Fixed answers (``/v1/models``, ``/health``, llama-server's ``/props``) are encoded once when the
+app is built.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Routes:
         settings = engine.settings
         self._models = ENCODER.encode(ModelList(data=[_card(engine)]))
         self._health = b"" if settings.profile == "vllm" else b'{"status":"ok"}'
+        # llama-server's /props names its slot count (``--parallel``): the stub's is max_num_seqs
+        self._props = ENCODER.encode({"total_slots": settings.max_num_seqs, "is_sleeping": False})
 
     async def chat(self, request: Request) -> Response:
         return self._exchange(self.service.chat(_decode(decode_chat, await request.body())))
@@ -63,6 +66,9 @@ class Routes:
 
     async def health(self, _: Request) -> Response:
         return Response(self._health, media_type=_JSON if self._health else None)
+
+    async def props(self, _: Request) -> Response:
+        return Response(self._props, media_type=_JSON)
 
     async def metrics(self, _: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

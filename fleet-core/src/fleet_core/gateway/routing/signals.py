@@ -7,7 +7,8 @@ Series per engine kind (names checked against the engines; versions in docs/gate
   whose labels ``num_gpu_blocks`` × ``block_size`` give the KV capacity in tokens.
 - llama.cpp ``llama-server --metrics``: ``llamacpp:requests_processing`` and
   ``llamacpp:requests_deferred``. It publishes no KV occupancy and no capacity; both stay None
-  rather than being made up.
+  rather than being made up. Its slot count (``--parallel``) is ``total_slots`` in ``/props``.
+- vLLM publishes no sequence limit (``--max-num-seqs``): its slot total stays None.
 - ``openai`` kind: not scraped.
 
 The text is untrusted: it is read bounded (`MAX_METRICS_BYTES`), values are clamped, and a
@@ -19,9 +20,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["MAX_METRICS_BYTES", "EngineSignals", "parse_metrics", "scraped"]
+__all__ = ["MAX_METRICS_BYTES", "EngineSignals", "parse_metrics", "parse_props", "scraped"]
 
 MAX_METRICS_BYTES = 1 << 20
 _COUNT_LIMIT = 1 << 31
@@ -36,6 +38,8 @@ class EngineSignals:
     waiting: int | None = None
     kv_usage: float | None = None
     kv_capacity_tokens: int | None = None
+    slots_total: int | None = None
+    """Sequences the engine runs at once, where it says (llama-server's ``/props``)."""
 
     def fresh(self, now: float, *, max_age: float) -> bool:
         return now - self.at <= max_age
@@ -125,3 +129,19 @@ def parse_metrics(engine: str, text: str, *, at: float) -> EngineSignals:
         kv_usage=None if kv is None else _ratio(kv),
         kv_capacity_tokens=capacity,
     )
+
+
+class _Props(msgspec.Struct):
+    total_slots: int | None = None
+
+
+_PROPS = msgspec.json.Decoder(_Props)
+
+
+def parse_props(raw: bytes) -> int | None:
+    """llama-server's slot count from its ``/props`` body; None if absent or not believable."""
+    try:
+        total = _PROPS.decode(raw).total_slots
+    except msgspec.DecodeError:  # ValidationError included
+        return None
+    return total if total is not None and 0 < total < _COUNT_LIMIT else None
