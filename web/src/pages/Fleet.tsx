@@ -1,21 +1,10 @@
-import { Alert, Badge, Card, Col, Row, Space, Statistic, Table, Tag, Typography } from "antd";
+import { Alert, Badge, Card, Col, Row, Space, Statistic, Table, Tag, Tooltip, Typography } from "antd";
 import { api, type List } from "../lib/api";
+import { fleetRows, inFlight, kv, slots, type Pool, type Row as FleetRow } from "../lib/fleet";
 import { millis } from "../lib/format";
 import { useLoad } from "../lib/useLoad";
 import { useSession } from "../session";
 
-interface Endpoint {
-  url: string;
-  state: "ready" | "down";
-  reason: string;
-  inFlight: number;
-}
-interface Pool {
-  engine: string;
-  source: string;
-  ready: boolean;
-  endpoints: Endpoint[];
-}
 interface Health {
   status: string;
   upstreams?: Record<string, Pool>;
@@ -51,8 +40,9 @@ export default function Fleet() {
   const now = Date.now() / 1000;
   const recent = records.filter((r) => now - r.doneAt <= WINDOW_S);
   const errors = recent.filter((r) => r.status >= 400).length;
-  const pools = Object.entries(health.data?.upstreams ?? {});
-  const endpoints = pools.flatMap(([name, pool]) => pool.endpoints.map((e) => ({ ...e, pool: name, engine: pool.engine })));
+  const rows = fleetRows(health.data?.upstreams ?? {}, records, now, WINDOW_S);
+  const endpoints = rows.flatMap((r) => r.children ?? []);
+  const hidden = health.data !== undefined && health.data.upstreams === undefined;
 
   return (
     <Space direction="vertical" size="large" style={{ width: "100%" }}>
@@ -81,23 +71,39 @@ export default function Fleet() {
         </Col>
       </Row>
       <Card title="Pools and endpoints" extra={<Typography.Text type="secondary">refreshes every 3 s</Typography.Text>}>
-        <Table
+        {hidden && <Alert type="info" showIcon message="This credential sees the gateway's status only, not its endpoints." />}
+        <Table<FleetRow>
           data-testid="endpoints"
-          rowKey={(e) => `${e.pool} ${e.url}`}
-          dataSource={endpoints}
+          rowKey="key"
+          dataSource={rows}
           pagination={false}
           size="small"
+          expandable={{ defaultExpandAllRows: true }}
           columns={[
-            { title: "Pool", dataIndex: "pool" },
+            { title: "Pool / endpoint", dataIndex: "name", render: (n: string, r) => (r.children ? <b>{n}</b> : <Typography.Text code>{n}</Typography.Text>) },
             { title: "Engine", dataIndex: "engine" },
-            { title: "Endpoint", dataIndex: "url" },
             {
               title: "State",
               dataIndex: "state",
-              render: (s: string) => <Badge status={s === "ready" ? "success" : "error"} text={s} />,
+              render: (s: string, r) => (
+                <Tooltip title={r.reason}>
+                  <Badge status={s === "ready" ? "success" : s === "degraded" ? "warning" : "error"} text={s} />
+                </Tooltip>
+              ),
             },
             { title: "Reason", dataIndex: "reason" },
-            { title: "In flight", dataIndex: "inFlight" },
+            {
+              title: <Tooltip title="the gateway's requests on it / the upstream's slots limit">In flight</Tooltip>,
+              render: (_, r) => <span data-testid={`inflight-${r.name}`}>{inFlight(r.inFlight, r.slotLimit)}</span>,
+            },
+            {
+              title: <Tooltip title="the engine's own count: busy / total sequence slots (llama-server's /props; vLLM does not publish its limit)">Engine slots</Tooltip>,
+              render: (_, r) => <span data-testid={`slots-${r.name}`}>{slots(r.busy, r.total)}</span>,
+            },
+            { title: "Queue", render: (_, r) => <span data-testid={`queue-${r.name}`}>{r.waiting ?? "unknown"}</span> },
+            { title: "KV cache", render: (_, r) => <span data-testid={`kv-${r.name}`}>{kv(r.kvUsage, r.kvCapacityTokens)}</span> },
+            { title: "Req/s (1 min)", render: (_, r) => r.perSecond.toFixed(2) },
+            { title: "Errors (1 min)", render: (_, r) => <span style={{ color: r.errors ? "#cf1322" : undefined }}>{r.errors}</span> },
           ]}
         />
       </Card>
