@@ -4,6 +4,7 @@ import { api, type List } from "../lib/api";
 import { canWrite } from "../lib/access";
 import { useLoad, type Loaded } from "../lib/useLoad";
 import { useSession } from "../session";
+import { CreateRule, EditLimits, RuleActions, type Rule } from "./TenantsEditing";
 
 interface Tenant {
   id: string;
@@ -24,15 +25,6 @@ interface ApiKey {
   lastUsedAt: string | null;
   revokedAt: string | null;
   secret?: string;
-}
-interface Rule {
-  id: string;
-  scopeKind: "tenant" | "project";
-  scopeId: string;
-  dimension: string;
-  limit: number;
-  window: string;
-  windowSeconds: number;
 }
 interface UsageRow {
   requests: number;
@@ -59,11 +51,11 @@ function RuleUse({ rule }: { rule: Rule }) {
   const scope = rule.scopeKind === "tenant" ? `tenantId=${encodeURIComponent(rule.scopeId)}` : `projectId=${encodeURIComponent(rule.scopeId)}`;
   const used = useLoad(
     () => api<List<UsageRow>>(`/api/v1/usage?groupBy=model&${scope}&from=${encodeURIComponent(from)}`, { token }),
-    [rule.id],
+    [rule.id, rule.windowSeconds],
   );
   if (used.error) return <Typography.Text type="secondary">–</Typography.Text>;
   const value = (used.data?.data ?? []).reduce((n, r) => n + (DIMENSION[rule.dimension]?.(r) ?? 0), 0);
-  return <Progress size="small" percent={Math.min(100, Math.round((100 * value) / rule.limit))} format={() => `${value.toLocaleString()} / ${rule.limit.toLocaleString()}`} style={{ width: 260 }} />;
+  return <Progress data-testid={`used-${rule.id}`} size="small" percent={Math.min(100, Math.round((100 * value) / rule.limit))} format={() => `${value.toLocaleString()} / ${rule.limit.toLocaleString()}`} style={{ width: 260 }} />;
 }
 
 function useList<T>(path: string): Loaded<List<T>> {
@@ -123,6 +115,7 @@ export default function Tenants() {
                     { title: "Requests/min", dataIndex: "requestLimit", render: (v) => v ?? "–" },
                     { title: "Tokens/min", dataIndex: "tokenLimit", render: (v) => v ?? "–" },
                     { title: "State", dataIndex: "active", render: (a: boolean) => <Tag color={a ? "green" : "default"}>{a ? "active" : "suspended"}</Tag> },
+                    ...(admin ? [{ title: "", render: (_: unknown, t: Tenant) => <EditLimits what="tenants" row={t} onDone={tenants.reload} /> }] : []),
                   ]} />
               </Card>
             ),
@@ -144,8 +137,10 @@ export default function Tenants() {
                 <Table rowKey="id" size="small" dataSource={projects.data?.data ?? []}
                   columns={[
                     { title: "Project", dataIndex: "id" },
+                    { title: "Requests/min", dataIndex: "requestLimit", render: (v) => v ?? "–" },
                     { title: "Tokens/min", dataIndex: "tokenLimit", render: (v) => v ?? "–" },
                     { title: "State", dataIndex: "active", render: (a: boolean) => <Tag color={a ? "green" : "default"}>{a ? "active" : "suspended"}</Tag> },
+                    ...(admin ? [{ title: "", render: (_: unknown, p: Project) => <EditLimits what="projects" row={p} onDone={projects.reload} /> }] : []),
                   ]} />
               </Card>
             ),
@@ -193,12 +188,19 @@ export default function Tenants() {
             label: "Budget rules",
             children: (
               <Card>
-                <Table rowKey="id" size="small" dataSource={rules.data?.data ?? []}
+                {admin && (
+                  <CreateRule
+                    scopes={{ tenants: tenantRows.map((t) => t.id), projects: (projects.data?.data ?? []).map((p) => p.id) }}
+                    onDone={rules.reload}
+                  />
+                )}
+                <Table data-testid="rules" rowKey="id" size="small" dataSource={rules.data?.data ?? []}
                   columns={[
                     { title: "Scope", render: (_, r) => `${r.scopeKind} ${r.scopeId}` },
                     { title: "Dimension", dataIndex: "dimension" },
                     { title: "Window", dataIndex: "window" },
-                    { title: "Used", render: (_, r) => <RuleUse rule={r} /> },
+                    { title: "Used of the limit", render: (_, r) => <RuleUse rule={r} /> },
+                    ...(admin ? [{ title: "", render: (_: unknown, r: Rule) => <RuleActions rule={r} onDone={rules.reload} /> }] : []),
                   ]} />
               </Card>
             ),
