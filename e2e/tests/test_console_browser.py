@@ -13,13 +13,10 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,12 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
-from psycopg import sql
 
 from fleet_core.console.settings import BUILT_DIR
-from fleet_testing import servers
+from fleet_testing import fleet_system, servers
 from fleet_testing.fix_auth import bearer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +37,10 @@ ARTIFACTS = WEB / "artifacts" / "screenshots"
 CHROMIUM = os.environ.get("FLEET_CHROMIUM", "/usr/bin/chromium")
 REPLY = " ".join(f"word{n}" for n in range(600))  # 600 tokens at 20 ms: a 12 s stream to stop
 STUB_FLAGS = ("--token-delay-ms", "20", "--reply", REPLY)
+LLAMA_SLOTS = 4
+"""The llama.cpp stub's sequence slots (``--max-num-seqs``), which its ``/props`` tells."""
+GATEWAY_SLOTS = 8
+"""The vLLM upstream's ``slots`` in the gateway's config (vLLM does not publish its own)."""
 LOOPBACK = "127.0.0.1"
 INVENTORY = ROOT / "contract" / "tests" / "fixtures" / "v1-full.json"
 
@@ -53,138 +52,100 @@ class Stack:
     demo: str
     admin_token: str
     tenant_key: str
+    finance_token: str
+    budget_key: str
+    """globex's: the budget-rule scenario's own tenant, so no other scenario meets its rule."""
+    limits_key: str
+    """initech's: the rate-limit scenario's own tenant."""
     logs: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _wait(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"{url} exited: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except urllib.error.HTTPError as exc:
-            exc.close()
-        except OSError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"{url} did not answer within 60 s: {log.read_text()[-2000:]}")
-
-
-class _Processes:
-    def __init__(self, logs: Path) -> None:
-        self.logs, self.running = logs, list[subprocess.Popen[bytes]]()
-
-    def start(self, name: str, argv: list[str], env: dict[str, str], ready: str) -> None:
-        log = self.logs / f"{name}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, *argv], env={**os.environ, **env}, stdout=out, stderr=out
-            )
-        self.running.append(process)
-        _wait(ready, process, log)
-
-    def stop(self) -> None:
-        for process in self.running:
-            process.terminate()
-        for process in self.running:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+def _start(
+    procs: fleet_system.Processes, name: str, argv: list[str], env: dict[str, str], ready: str
+) -> None:
+    """A Python module as a process of the stack, up once ``ready`` answers 200."""
+    process = procs.start(name, [sys.executable, *argv], fleet_system.clean_env(**env))
+    try:
+        fleet_system.wait_http(ready, process, what=name)
+    except AssertionError as exc:
+        pytest.fail(f"{exc}: {procs.log(name)[-2000:]}")
 
 
 @pytest.fixture(scope="module")
 def database(postgres_server: servers.Server) -> Iterator[str]:
-    name = f"fleet_t_console_{secrets.token_hex(4)}"
-    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield servers.with_database(postgres_server.url, name)
-    finally:
-        with psycopg.connect(postgres_server.url, autocommit=True) as conn:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            conn.execute(drop.format(sql.Identifier(name)))
+    with fleet_system.database(postgres_server) as url:
+        yield url
+
+
+def _config(logs: Path, engine: int, llama: int) -> Path:
+    """Two pools: vLLM's stub with the gateway's own slot limit, llama.cpp's telling its slots."""
+    config = logs / "fleet.yaml"
+    config.write_text(
+        "health:\n  interval_s: 0.5\nupstreams:\n"
+        f"  - {{id: m, model: m, base_url: 'http://127.0.0.1:{engine}', slots: {GATEWAY_SLOTS}}}\n"
+        f"  - {{id: lcpp, model: lcpp, engine: llamacpp, base_url: 'http://127.0.0.1:{llama}'}}\n"
+    )
+    return config
+
+
+def _engines(procs: fleet_system.Processes, engine: int, llama: int) -> None:
+    vllm = ["--kv-capacity-tokens", "65536", *STUB_FLAGS]
+    argv = ["-m", "fleet_core.stub_engine", "--port", str(engine), "--model", "m", *vllm]
+    _start(procs, "engine", argv, {}, f"http://127.0.0.1:{engine}/health")
+    lcpp = ["--profile", "llamacpp", "--max-num-seqs", str(LLAMA_SLOTS), *STUB_FLAGS]
+    argv = ["-m", "fleet_core.stub_engine", "--port", str(llama), "--model", "lcpp", *lcpp]
+    _start(procs, "llama", argv, {}, f"http://127.0.0.1:{llama}/health")
 
 
 @pytest.fixture(scope="module")
 def stack(database: str, redis_url: str) -> Iterator[Stack]:
-    """The whole system as processes, seeded with a tenant, traffic, a pulled model, an
+    """The whole system as processes, seeded with tenants, traffic, a pulled model, an
     inventory report and a cost rate, so every page has data."""
     if not (BUILT_DIR / "index.html").is_file():
         pytest.fail("the console is not built: run `make web` (make test builds it first)")
     logs = Path(tempfile.mkdtemp(prefix="fleet-console-"))
-    processes = _Processes(logs)
     admin = "test-admin-" + secrets.token_urlsafe(24)
-    engine, api, gateway, demo = (_free_port() for _ in range(4))
+    engine, llama, api, gateway, demo = (fleet_system.free_port() for _ in range(5))
     try:
-        processes.start(
-            "engine",
-            ["-m", "fleet_core.stub_engine", "--port", str(engine), "--model", "m", *STUB_FLAGS],
-            {},
-            f"http://127.0.0.1:{engine}/health",
-        )
-        processes.start(
-            "apiserver",
-            ["-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{api}"],
-            {
+        with fleet_system.processes(logs) as procs:
+            _engines(procs, engine, llama)
+            api_env = {
                 "FLEET_DATABASE_URL": database,
                 "FLEET_ADMIN_TOKEN": admin,
                 "FLEET_SYNTHETIC_HUB": "1",
                 "FLEET_MODELS_DIR": str(logs / "models"),
                 "FLEET_ACCESS_LOG": "false",
-            },
-            f"http://127.0.0.1:{api}/readyz",
-        )
-        config = logs / "fleet.yaml"
-        config.write_text(
-            f"upstreams:\n  - id: m\n    model: m\n    base_url: http://127.0.0.1:{engine}\n"
-        )
-        processes.start(
-            "gateway",
-            [
-                "-m",
-                "fleet_core.gateway",
-                "--config",
-                str(config),
-                "--listen",
-                f"{LOOPBACK}:{gateway}",
-            ],
-            {
+            }
+            argv = ["-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{api}"]
+            _start(procs, "apiserver", argv, api_env, f"http://127.0.0.1:{api}/readyz")
+            gateway_env = {
                 "FLEET_DATABASE_URL": database,
                 "FLEET_REDIS_URL": redis_url,
                 "FLEET_REDIS_PREFIX": f"console{secrets.token_hex(3)}:",
                 "FLEET_LEDGER_SPOOL": str(logs / "spool.jsonl"),
                 "FLEET_CONSOLE_API_URL": f"http://127.0.0.1:{api}",
                 "FLEET_ACCESS_LOG": "false",
-            },
-            f"http://127.0.0.1:{gateway}/healthz",
-        )
-        processes.start(
-            "demo",
-            ["-m", "fleet_core.gateway", "--demo", "--listen", f"127.0.0.1:{demo}"],
-            {"FLEET_DEMO_TOKEN_DELAY_MS": "20", "FLEET_ACCESS_LOG": "false"},
-            f"http://127.0.0.1:{demo}/healthz",
-        )
-        key = _seed(f"http://127.0.0.1:{api}", f"http://127.0.0.1:{gateway}", admin)
-        yield Stack(
-            gateway=f"http://127.0.0.1:{gateway}",
-            api=f"http://127.0.0.1:{api}",
-            demo=f"http://127.0.0.1:{demo}",
-            admin_token=admin,
-            tenant_key=key,
-            logs=logs,
-        )
+            }
+            config = str(_config(logs, engine, llama))
+            argv = ["-m", "fleet_core.gateway", "--config", config]
+            argv += ["--listen", f"{LOOPBACK}:{gateway}"]
+            _start(procs, "gateway", argv, gateway_env, f"http://127.0.0.1:{gateway}/healthz")
+            argv = ["-m", "fleet_core.gateway", "--demo", "--listen", f"127.0.0.1:{demo}"]
+            demo_env = {"FLEET_DEMO_TOKEN_DELAY_MS": "20", "FLEET_ACCESS_LOG": "false"}
+            _start(procs, "demo", argv, demo_env, f"http://127.0.0.1:{demo}/healthz")
+            seeded = _seed(f"http://127.0.0.1:{api}", f"http://127.0.0.1:{gateway}", admin)
+            yield Stack(
+                gateway=f"http://127.0.0.1:{gateway}",
+                api=f"http://127.0.0.1:{api}",
+                demo=f"http://127.0.0.1:{demo}",
+                admin_token=admin,
+                tenant_key=seeded["acme"],
+                finance_token=seeded["finance"],
+                budget_key=seeded["globex"],
+                limits_key=seeded["initech"],
+                logs=logs,
+            )
     finally:
-        processes.stop()
         shutil.rmtree(logs, ignore_errors=True)
 
 
@@ -193,46 +154,58 @@ def _created(response: httpx.Response) -> Any:
     return response.json()
 
 
-def _seed(api: str, gateway: str, admin: str) -> str:
-    with httpx.Client(base_url=api, headers=bearer(admin)) as http:
-        _created(http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"}))
-        _created(http.post("/api/v1/projects", json={"tenantId": "acme", "name": "research"}))
-        key = _created(
-            http.post("/api/v1/keys", json={"projectId": "acme/research", "label": "seed"})
-        )
-        rule = {"scopeKind": "tenant", "scopeId": "acme", "dimension": "tokens_total"}
-        _created(http.post("/api/v1/budget-rules", json={**rule, "limit": 100000, "window": "1d"}))
-        rate = {"cluster": "gpu-east", "gpuHourMicro": 2_500_000, "currency": "USD"}
-        _created(http.post("/api/v1/cost-rates", json=rate))
-        operator = _created(
-            http.post(
-                "/api/v1/credentials",
-                json={"role": "operator", "label": "op", "clusterId": "gpu-east"},
-            )
-        )
-        report = json.loads(INVENTORY.read_text())
-        report["observedAt"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-        pushed = http.put(
-            "/api/v1/inventory",
-            json=report,
-            headers={"Authorization": f"Bearer {operator['secret']}"},
-        )
-        assert pushed.status_code < 300, pushed.text
-        model = _created(
-            http.post("/api/v1/models", json={"source": {"uri": "hf://fleet/tiny-gguf"}})
-        )
-        _created(http.post(f"/api/v1/models/{model['id']}/pull"))
-        deadline = time.monotonic() + 30
-        while http.get(f"/api/v1/models/{model['id']}").json()["status"] != "Ready":
-            assert time.monotonic() < deadline, "the seed model's pull did not finish"
-            time.sleep(0.2)
-    secret = str(key["secret"])
-    with httpx.Client(base_url=gateway, headers={"Authorization": f"Bearer {secret}"}) as chat:
+def _tenant(http: httpx.Client, tenant: str, project: str) -> str:
+    """A tenant with one project and a key of it: the key's secret."""
+    _created(http.post("/api/v1/tenants", json={"id": tenant, "name": tenant.title()}))
+    _created(http.post("/api/v1/projects", json={"tenantId": tenant, "name": project}))
+    body = {"projectId": f"{tenant}/{project}", "label": "seed"}
+    return str(_created(http.post("/api/v1/keys", json=body))["secret"])
+
+
+def _inventory(http: httpx.Client) -> None:
+    body = {"role": "operator", "label": "op", "clusterId": "gpu-east"}
+    operator = _created(http.post("/api/v1/credentials", json=body))
+    report = json.loads(INVENTORY.read_text())
+    report["observedAt"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    pushed = http.put("/api/v1/inventory", json=report, headers=bearer(operator["secret"]))
+    assert pushed.status_code < 300, pushed.text
+
+
+def _pulled_model(http: httpx.Client) -> None:
+    model = _created(http.post("/api/v1/models", json={"source": {"uri": "hf://fleet/tiny-gguf"}}))
+    _created(http.post(f"/api/v1/models/{model['id']}/pull"))
+    deadline = time.monotonic() + 30
+    while http.get(f"/api/v1/models/{model['id']}").json()["status"] != "Ready":
+        assert time.monotonic() < deadline, "the seed model's pull did not finish"
+        time.sleep(0.2)
+
+
+def _traffic(gateway: str, secret: str) -> None:
+    with httpx.Client(base_url=gateway, headers=bearer(secret)) as chat:
         for n in range(3):
             body = {"model": "m", "messages": [{"role": "user", "content": f"hi {n}"}]}
             answered = chat.post("/v1/chat/completions", json={**body, "max_tokens": 5 + n})
             assert answered.status_code == 200, answered.text
-    return secret
+
+
+def _seed(api: str, gateway: str, admin: str) -> dict[str, str]:
+    with httpx.Client(base_url=api, headers=bearer(admin)) as http:
+        keys = {
+            "acme": _tenant(http, "acme", "research"),
+            "globex": _tenant(http, "globex", "ops"),
+            "initech": _tenant(http, "initech", "reports"),
+        }
+        rule = {"scopeKind": "tenant", "scopeId": "acme", "dimension": "tokens_total"}
+        _created(http.post("/api/v1/budget-rules", json={**rule, "limit": 100000, "window": "1d"}))
+        rate = {"cluster": "gpu-east", "gpuHourMicro": 2_500_000, "currency": "USD"}
+        _created(http.post("/api/v1/cost-rates", json=rate))
+        finance = {"role": "finance", "label": "books"}
+        keys["finance"] = str(_created(http.post("/api/v1/credentials", json=finance))["secret"])
+        _inventory(http)
+        _pulled_model(http)
+    _traffic(gateway, keys["acme"])
+    _traffic(gateway, keys["globex"])
+    return keys
 
 
 def _drive(stack: Stack, scenario: str) -> None:
@@ -249,6 +222,9 @@ def _drive(stack: Stack, scenario: str) -> None:
         "FLEET_DEMO": stack.demo,
         "FLEET_ADMIN": stack.admin_token,
         "FLEET_TENANT_KEY": stack.tenant_key,
+        "FLEET_FINANCE": stack.finance_token,
+        "FLEET_BUDGET_KEY": stack.budget_key,
+        "FLEET_LIMITS_KEY": stack.limits_key,
         "FLEET_CHROMIUM": CHROMIUM,
         "FLEET_ARTIFACTS": str(ARTIFACTS),
     }
@@ -295,3 +271,21 @@ def test_a_tenant_key_is_offered_its_own_pages_only(stack: Stack) -> None:
 
 def test_a_foreign_origin_is_refused_by_the_control_plane(stack: Stack) -> None:
     _drive(stack, "cors")
+
+
+def test_the_fleet_page_shows_engine_slots_queue_and_kv_live(stack: Stack) -> None:
+    _drive(stack, "slots")
+
+
+def test_a_budget_rule_is_created_edited_in_place_and_deleted(stack: Stack) -> None:
+    _drive(stack, "budgets")
+
+
+def test_an_edited_rate_limit_applies_and_a_bad_one_is_shown_in_the_form(stack: Stack) -> None:
+    _drive(stack, "limits")
+
+
+def test_finance_closes_a_month_downloads_the_csv_and_is_offered_no_admin_page(
+    stack: Stack,
+) -> None:
+    _drive(stack, "finance")

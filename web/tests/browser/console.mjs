@@ -17,6 +17,9 @@ const API = env("FLEET_API");
 const DEMO = env("FLEET_DEMO");
 const ADMIN = env("FLEET_ADMIN");
 const TENANT_KEY = env("FLEET_TENANT_KEY");
+const FINANCE = env("FLEET_FINANCE");
+const BUDGET_KEY = env("FLEET_BUDGET_KEY"); // globex's: only the budgets scenario uses it
+const LIMITS_KEY = env("FLEET_LIMITS_KEY"); // initech's: only the limits scenario uses it
 const ARTIFACTS = env("FLEET_ARTIFACTS");
 const FLAGS = [
   "--no-sandbox",
@@ -55,6 +58,42 @@ async function navLabels(page) {
   return (await page.locator(".ant-menu-item").allInnerTexts()).map((t) => t.trim());
 }
 
+/** A chat through the gateway with `key`: its status and error message, if any. */
+async function chat(key, model = "m", extra = {}) {
+  const answer = await fetch(`${GW}/v1/chat/completions`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${key}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }], max_tokens: 2, ...extra }),
+  });
+  const body = await answer.json().catch(() => ({}));
+  return { status: answer.status, message: body?.error?.message ?? "" };
+}
+
+/** Chats with `key` until one answers `status` (the gateway's catalog follows within its poll). */
+async function until(key, status, what) {
+  const deadline = Date.now() + 15000;
+  let last;
+  while (Date.now() < deadline) {
+    last = await chat(key, "m", { max_tokens: 50 });
+    if (last.status === status) return last;
+    await sleep(300);
+  }
+  throw new Error(`check failed: ${what} (last answer ${last?.status} ${last?.message})`);
+}
+
+/** The text of the `testid` cell once it matches `pattern`. */
+async function cellMatching(page, testid, pattern) {
+  const cell = page.getByTestId(testid).filter({ hasText: pattern });
+  await cell.waitFor();
+  return (await cell.innerText()).trim();
+}
+
+function monthsAgo(n) {
+  const now = new Date();
+  const d = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth() - n, 1));
+  return `${d.getUTCFullYear()}-${String(d.getUTCMonth() + 1).padStart(2, "0")}`;
+}
+
 const scenarios = {
   async pages(page) {
     step = "sign-in page";
@@ -76,7 +115,7 @@ const scenarios = {
     await nav(page, "Fleet");
     await page.getByText("ready", { exact: true }).first().waitFor();
     await page.getByText("acme/research").first().waitFor(); // the seeded requests
-    await shot(page, "fleet");
+    await shot(page, "fleet-idle");
 
     await nav(page, "Models");
     await page.getByRole("cell", { name: "hf://fleet/tiny-gguf", exact: true }).waitFor();
@@ -266,9 +305,166 @@ const scenarios = {
     await nav(page, "Tenants & keys");
     await page.getByRole("cell", { name: "Acme", exact: true }).waitFor();
     check(!(await page.getByTestId("create-tenant").count()), "no write forms for a tenant");
+    step = "its own tenant only";
+    const tenants = await page.getByTestId("tenants").locator("tr.ant-table-row").allInnerTexts();
+    check(tenants.length === 1 && tenants[0].includes("acme"), `only acme (${tenants})`);
+    check(!(await page.getByText(/globex|initech/i).count()), "no other tenant named anywhere");
+    check(!(await page.getByTestId("limits-acme").count()), "no limit editing for a tenant");
+    await page.getByRole("tab", { name: "Budget rules" }).click();
+    await page.getByText(/^\d[\d,]* \/ 100,000$/).waitFor();
+    check(!(await page.getByTestId("create-rule").count()), "no rule creation for a tenant");
+    check(!(await page.getByText(/globex|initech/i).count()), "no other tenant's rules");
+    await page.getByRole("tab", { name: "API keys" }).click();
+    const keyRows = await page.getByTestId("keys").locator("tr.ant-table-row").allInnerTexts();
+    check(keyRows.length > 0 && keyRows.every((k) => k.includes("acme/")), `only acme's keys (${keyRows})`);
+    const other = await page.evaluate((key) => fetch("/api/v1/tenants/globex", { headers: { Authorization: `Bearer ${key}` } }).then((r) => r.status), TENANT_KEY);
+    check(other === 403, `another tenant is 403 (${other})`);
     await nav(page, "Usage");
     await page.locator(".recharts-surface").first().waitFor();
     await shot(page, "tenant-usage");
+  },
+
+  async slots(page) {
+    await signIn(page, GW, ADMIN);
+    await nav(page, "Fleet");
+    step = "idle: slots as each engine tells them";
+    await cellMatching(page, "slots-lcpp", /^0 \/ 4$/); // llama-server's /props total_slots
+    await cellMatching(page, "slots-m", /^0 \/ unknown$/); // vLLM does not publish its limit
+    await cellMatching(page, "inflight-m", /^0 \/ 8$/); // the upstream's slots in fleet.yaml
+    await cellMatching(page, "kv-m", /^\d+\.\d% of 65,536 tokens$/);
+    await cellMatching(page, "kv-lcpp", /^unknown$/); // llama-server publishes no occupancy
+    await cellMatching(page, "queue-lcpp", /^0$/);
+    step = "a long stream takes a slot";
+    const stop = new AbortController();
+    const stream = fetch(`${GW}/v1/chat/completions`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${TENANT_KEY}`, "Content-Type": "application/json" },
+      body: JSON.stringify({ model: "lcpp", stream: true, messages: [{ role: "user", content: "go on" }] }),
+      signal: stop.signal,
+    }).then((r) => r.body?.getReader().read(), () => undefined);
+    try {
+      await cellMatching(page, "slots-lcpp", /^1 \/ 4$/);
+      await cellMatching(page, "inflight-lcpp", /^1$/);
+      await shot(page, "fleet");
+    } finally {
+      stop.abort();
+      await stream.catch(() => undefined);
+    }
+    step = "the slot is freed when the client goes";
+    await cellMatching(page, "slots-lcpp", /^0 \/ 4$/);
+  },
+
+  async budgets(page) {
+    await signIn(page, GW, ADMIN);
+    await nav(page, "Tenants & keys");
+    await page.getByRole("tab", { name: "Budget rules" }).click();
+    step = "globex spends ~150 tokens";
+    for (let n = 0; n < 3; n++) check((await chat(BUDGET_KEY, "m", { max_tokens: 45 })).status === 200, "globex is admitted");
+    step = "create a rule on globex";
+    await page.getByTestId("rule-scope").click();
+    await page.locator(".ant-select-item-option", { hasText: "globex" }).click();
+    await page.getByTestId("rule-limit").fill("1000000");
+    await page.getByTestId("rule-window").fill("2d");
+    await page.getByTestId("create-rule").click();
+    const row = page.getByTestId("rules").locator("tr", { hasText: "tenant globex" });
+    await row.getByText(/^\d[\d,]* \/ 1,000,000$/).waitFor();
+    check((await chat(BUDGET_KEY)).status === 200, "globex is admitted under a large budget");
+    step = "a bad window is shown on its field, and nothing changes";
+    await row.getByRole("button", { name: "Edit" }).click();
+    const dialog = page.locator(".ant-modal", { hasText: "Budget rule on tenant globex" });
+    await dialog.getByTestId("edit-rule-window").fill("1y");
+    await dialog.getByRole("button", { name: "Save" }).click();
+    const explain = dialog.locator(".ant-form-item-explain-error");
+    await explain.waitFor();
+    check((await explain.innerText()).toLowerCase().includes("window") || (await explain.innerText()).includes("match"), `the API's error on the window field (${await explain.innerText()})`);
+    await shot(page, "budget-rule-error");
+    step = "a limit below what globex spent, and a shorter window";
+    await dialog.getByTestId("edit-rule-window").fill("1d");
+    await dialog.getByTestId("edit-rule-limit").fill("100"); // a request fits, but not on top
+    await dialog.getByRole("button", { name: "Save" }).click();
+    await dialog.waitFor({ state: "hidden" });
+    const used = row.getByText(/^\d[\d,]* \/ 100$/);
+    await used.waitFor();
+    await row.getByRole("cell", { name: "1d", exact: true }).waitFor();
+    await shot(page, "budget-rule-edited");
+    step = "the gateway enforces the new limit";
+    const refused = await until(BUDGET_KEY, 429, "globex is refused by the edited rule");
+    check(refused.message.includes("Budget exceeded"), `a budget refusal (${refused.message})`);
+    step = "delete asks first, then the rule stops applying";
+    await row.getByRole("button", { name: "Delete" }).click();
+    await page.locator(".ant-popconfirm").getByRole("button", { name: "Delete" }).click();
+    await row.waitFor({ state: "detached" });
+    await until(BUDGET_KEY, 200, "globex is admitted once the rule is gone");
+  },
+
+  async limits(page) {
+    await signIn(page, GW, ADMIN);
+    await nav(page, "Tenants & keys");
+    check((await chat(LIMITS_KEY)).status === 200, "initech answers before any limit");
+    step = "a bad limit is shown on its field";
+    await page.getByTestId("limits-initech").click();
+    const dialog = page.locator(".ant-modal", { hasText: "Rate limits of initech" });
+    await dialog.getByTestId("edit-token-limit").fill("0");
+    await dialog.getByRole("button", { name: "Save" }).click();
+    const explain = dialog.locator(".ant-form-item-explain-error");
+    await explain.waitFor();
+    check((await explain.innerText()).includes(">= 1"), `the API's error on tokenLimit (${await explain.innerText()})`);
+    await shot(page, "limits-error");
+    step = "one request per minute";
+    await dialog.getByTestId("edit-token-limit").fill("");
+    await dialog.getByTestId("edit-request-limit").fill("1");
+    await dialog.getByRole("button", { name: "Save" }).click();
+    await dialog.waitFor({ state: "hidden" });
+    const row = page.getByTestId("tenants").locator("tr", { hasText: "initech" });
+    await row.getByRole("cell", { name: "1", exact: true }).waitFor();
+    await shot(page, "limits-edited");
+    step = "the gateway applies it";
+    const refused = await until(LIMITS_KEY, 429, "initech's second request in the minute is refused");
+    check(refused.message.includes("Rate limit reached"), `a rate-limit refusal (${refused.message})`);
+  },
+
+  async finance(page) {
+    await signIn(page, GW, FINANCE);
+    step = "pages offered to finance (ADR 0009)";
+    const labels = (await navLabels(page)).join(",");
+    check(labels === "Playground,Cluster,Tenants & keys,Usage,Costs", `finance's pages (${labels})`);
+    for (const path of ["/fleet", "/models"]) {
+      await page.goto(`${GW}${path}`); // not offered: falls back to the first page it may use
+      await page.getByRole("button", { name: "Sign out" }).waitFor();
+      const selected = (await page.locator(".ant-menu-item-selected").innerText()).trim();
+      check(selected === "Playground", `${path} is not shown to finance (${selected})`);
+    }
+    step = "tenants read-only";
+    await nav(page, "Tenants & keys");
+    await page.getByRole("cell", { name: "Acme", exact: true }).waitFor();
+    for (const id of ["create-tenant", "limits-acme", "create-key", "create-rule"]) {
+      check(!(await page.getByTestId(id).count()), `no ${id} for finance`);
+    }
+    await page.getByRole("tab", { name: "Budget rules" }).click();
+    await page.locator(".ant-progress").first().waitFor();
+    check(!(await page.getByRole("button", { name: "Edit" }).count()), "no rule editing for finance");
+    await page.getByRole("tab", { name: "API keys" }).click();
+    check(!(await page.getByRole("button", { name: "Revoke" }).count()), "no revoking for finance");
+    await nav(page, "Usage");
+    await page.locator(".recharts-surface").first().waitFor();
+    await nav(page, "Costs");
+    step = "finance closes a month";
+    await page.getByTestId("month").fill(monthsAgo(2)); // the costs scenario closes last month
+    await page.getByTestId("close").click();
+    await page.getByTestId("refusal").waitFor();
+    await page.getByTestId("force").click();
+    const confirm = page.locator(".ant-modal-confirm");
+    await confirm.waitFor();
+    await sleep(400); // a click during antd's opening zoom is lost
+    await confirm.getByRole("button", { name: "Force close" }).click();
+    step = "finance's report";
+    await page.getByTestId("report").getByText("forced").waitFor();
+    await shot(page, "finance-costs");
+    step = "and downloads its CSV";
+    const [download] = await Promise.all([page.waitForEvent("download"), page.getByTestId("csv").click()]);
+    const csv = readFileSync(await download.path(), "utf8");
+    check(csv.startsWith("period,line,tenant,project"), `the CSV header (${csv.slice(0, 40)})`);
+    check(download.suggestedFilename() === `fleet-costs-${monthsAgo(2)}.csv`, `its name (${download.suggestedFilename()})`);
   },
 
   async cors(page) {
