@@ -115,7 +115,7 @@ export function fleetRows(upstreams: Record<string, Pool>, log: Done[], now: num
       engine: pool.engine,
       name,
       state: !pool.ready ? "down" : down ? "degraded" : "ready",
-      reason: down ? `${down} of ${children.length} endpoints down` : `${children.length} endpoints ready`,
+      reason: down ? `${down} of ${children.length} endpoints down` : `${plural(children.length, "endpoint")} ready`,
       inFlight: children.reduce((n, c) => n + c.inFlight, 0),
       slotLimit: children.length ? sum(limits) : null,
       busy: children.length ? sum(children.map((c) => c.busy)) : null,
@@ -133,4 +133,8 @@ export function fleetRows(upstreams: Record<string, Pool>, log: Done[], now: num
 function max(values: (number | null)[]): number | null {
   const known = values.filter((v): v is number => v !== null);
   return known.length ? Math.max(...known) : null;
+}
+
+function plural(n: number, noun: string): string {
+  return `${n} ${noun}${n === 1 ? "" : "s"}`;
 }

@@ -1,3 +1,4 @@
+import { useState } from "react";
 import { Alert, Badge, Card, Col, Row, Space, Statistic, Table, Tag, Tooltip, Typography } from "antd";
 import { api, type List } from "../lib/api";
 import { fleetRows, inFlight, kv, slots, type Pool, type Row as FleetRow } from "../lib/fleet";
@@ -42,6 +43,7 @@ export default function Fleet() {
   const errors = recent.filter((r) => r.status >= 400).length;
   const rows = fleetRows(health.data?.upstreams ?? {}, records, now, WINDOW_S);
   const endpoints = rows.flatMap((r) => r.children ?? []);
+  const [collapsed, setCollapsed] = useState<string[]>([]);
   const hidden = health.data !== undefined && health.data.upstreams === undefined;
 
   return (
@@ -78,16 +80,20 @@ export default function Fleet() {
           dataSource={rows}
           pagination={false}
           size="small"
-          expandable={{ defaultExpandAllRows: true }}
+          expandable={{
+            // every pool open, as rows arrive (defaultExpandAllRows only sees the first, empty render)
+            expandedRowKeys: rows.filter((r) => !collapsed.includes(r.key)).map((r) => r.key),
+            onExpand: (open, r) => setCollapsed((c) => (open ? c.filter((k) => k !== r.key) : [...c, r.key])),
+          }}
           columns={[
-            { title: "Pool / endpoint", dataIndex: "name", render: (n: string, r) => (r.children ? <b>{n}</b> : <Typography.Text code>{n}</Typography.Text>) },
+            { title: "Pool / endpoint", dataIndex: "name", render: (n: string, r) => <span style={{ whiteSpace: "nowrap", fontWeight: r.children ? 600 : undefined }}>{n}</span> },
             { title: "Engine", dataIndex: "engine" },
             {
               title: "State",
               dataIndex: "state",
               render: (s: string, r) => (
                 <Tooltip title={r.reason}>
-                  <Badge status={s === "ready" ? "success" : s === "degraded" ? "warning" : "error"} text={s} />
+                  <Badge style={{ whiteSpace: "nowrap" }} status={s === "ready" ? "success" : s === "degraded" ? "warning" : "error"} text={s} />
                 </Tooltip>
               ),
             },

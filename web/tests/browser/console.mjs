@@ -88,6 +88,23 @@ async function cellMatching(page, testid, pattern) {
   return (await cell.innerText()).trim();
 }
 
+/** Force-close the month the refusal names, after confirming. */
+async function forceClose(page) {
+  await page.getByTestId("force").click();
+  const confirm = page.locator(".ant-modal-confirm");
+  await confirm.waitFor();
+  await sleep(400); // a click during antd's opening zoom can be lost
+  await confirm.getByRole("button", { name: "Force close" }).click();
+}
+
+/** The shown report's CSV, downloaded and its header checked: the file's name. */
+async function downloadCsv(page) {
+  const [download] = await Promise.all([page.waitForEvent("download"), page.getByTestId("csv").click()]);
+  const csv = readFileSync(await download.path(), "utf8");
+  check(csv.startsWith("period,line,tenant,project"), `the CSV header (${csv.slice(0, 40)})`);
+  return download.suggestedFilename();
+}
+
 function monthsAgo(n) {
   const now = new Date();
   const d = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth() - n, 1));
@@ -282,18 +299,14 @@ const scenarios = {
     check((await refusal.innerText()).toLowerCase().includes("coverage"), "the reason names coverage");
     await shot(page, "costs-refused");
     step = "force, after confirming";
-    await page.getByTestId("force").click();
-    await page.locator(".ant-modal-confirm").getByRole("button", { name: "Force close" }).click();
+    await forceClose(page);
     const report = page.getByTestId("report");
     await report.waitFor();
     await report.getByText("forced").waitFor();
     await page.getByTestId("periods").getByText("forced").waitFor();
     await shot(page, "costs-report");
     step = "CSV download";
-    const [download] = await Promise.all([page.waitForEvent("download"), page.getByTestId("csv").click()]);
-    const csv = readFileSync(await download.path(), "utf8");
-    check(csv.startsWith("period,line,tenant,project"), `the CSV header (${csv.slice(0, 40)})`);
-    check(/^fleet-costs-\d{4}-\d{2}\.csv$/.test(download.suggestedFilename()), "its name");
+    check(/^fleet-costs-\d{4}-\d{2}\.csv$/.test(await downloadCsv(page)), "its name");
   },
 
   async tenant(page) {
@@ -452,19 +465,13 @@ const scenarios = {
     await page.getByTestId("month").fill(monthsAgo(2)); // the costs scenario closes last month
     await page.getByTestId("close").click();
     await page.getByTestId("refusal").waitFor();
-    await page.getByTestId("force").click();
-    const confirm = page.locator(".ant-modal-confirm");
-    await confirm.waitFor();
-    await sleep(400); // a click during antd's opening zoom is lost
-    await confirm.getByRole("button", { name: "Force close" }).click();
+    await forceClose(page);
     step = "finance's report";
     await page.getByTestId("report").getByText("forced").waitFor();
     await shot(page, "finance-costs");
     step = "and downloads its CSV";
-    const [download] = await Promise.all([page.waitForEvent("download"), page.getByTestId("csv").click()]);
-    const csv = readFileSync(await download.path(), "utf8");
-    check(csv.startsWith("period,line,tenant,project"), `the CSV header (${csv.slice(0, 40)})`);
-    check(download.suggestedFilename() === `fleet-costs-${monthsAgo(2)}.csv`, `its name (${download.suggestedFilename()})`);
+    const name = await downloadCsv(page);
+    check(name === `fleet-costs-${monthsAgo(2)}.csv`, `its name (${name})`);
   },
 
   async cors(page) {

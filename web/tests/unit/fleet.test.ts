@@ -60,6 +60,7 @@ describe("fleetRows", () => {
     expect(m.slotLimit).toBe(16);
     expect(m.children?.map((c) => c.state)).toEqual(["ready", "down"]);
     expect(l.state).toBe("ready");
+    expect(l.reason).toBe("1 endpoint ready");
   });
 
   it("keeps an unknown unknown when one endpoint does not say", () => {
