@@ -55,7 +55,7 @@ function RuleUse({ rule }: { rule: Rule }) {
   );
   if (used.error) return <Typography.Text type="secondary">–</Typography.Text>;
   const value = (used.data?.data ?? []).reduce((n, r) => n + (DIMENSION[rule.dimension]?.(r) ?? 0), 0);
-  return <Progress data-testid={`used-${rule.id}`} size="small" percent={Math.min(100, Math.round((100 * value) / rule.limit))} format={() => `${value.toLocaleString()} / ${rule.limit.toLocaleString()}`} style={{ width: 260 }} />;
+  return <Progress data-testid={`used-${rule.id}`} status={value >= rule.limit ? "exception" : "normal"} size="small" percent={Math.min(100, Math.round((100 * value) / rule.limit))} format={() => `${value.toLocaleString()} / ${rule.limit.toLocaleString()}`} style={{ width: 260 }} />;
 }
 
 function useList<T>(path: string): Loaded<List<T>> {

@@ -381,6 +381,7 @@ const scenarios = {
     await page.getByTestId("create-rule").click();
     const row = page.getByTestId("rules").locator("tr", { hasText: "tenant globex" });
     await row.getByText(/^\d[\d,]* \/ 1,000,000$/).waitFor();
+    check(!(await row.locator(".ant-progress-status-exception").count()), "well within the limit");
     check((await chat(BUDGET_KEY)).status === 200, "globex is admitted under a large budget");
     step = "a bad window is shown on its field, and nothing changes";
     await row.getByRole("button", { name: "Edit" }).click();
@@ -399,6 +400,9 @@ const scenarios = {
     const used = row.getByText(/^\d[\d,]* \/ 100$/);
     await used.waitFor();
     await row.getByRole("cell", { name: "1d", exact: true }).waitFor();
+    const spent = Number((await used.innerText()).split(" / ")[0].replaceAll(",", ""));
+    check(spent > 100, `globex's ~150 tokens count in the new window (${spent})`);
+    await row.locator(".ant-progress-status-exception").waitFor(); // shown as over its limit
     await shot(page, "budget-rule-edited");
     step = "the gateway enforces the new limit";
     const refused = await until(BUDGET_KEY, 429, "globex is refused by the edited rule");
