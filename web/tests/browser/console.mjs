@@ -438,6 +438,19 @@ const scenarios = {
     step = "the gateway applies it";
     const refused = await until(LIMITS_KEY, 429, "initech's second request in the minute is refused");
     check(refused.message.includes("Rate limit reached"), `a rate-limit refusal (${refused.message})`);
+    step = "a project cannot be promised more than its tenant";
+    await page.getByRole("tab", { name: "Projects" }).click();
+    await page.getByTestId("limits-initech/reports").click();
+    const project = page.locator(".ant-modal", { hasText: "Rate limits of initech/reports" });
+    await project.getByTestId("edit-request-limit").fill("5");
+    await project.getByRole("button", { name: "Save" }).click();
+    const above = project.locator(".ant-form-item-explain-error, [data-testid=form-problem]");
+    await above.first().waitFor();
+    check((await above.first().innerText()).length > 10, `the API's reason is shown (${await above.first().innerText()})`);
+    await project.getByTestId("edit-request-limit").fill("1");
+    await project.getByRole("button", { name: "Save" }).click();
+    await project.waitFor({ state: "hidden" });
+    await page.locator("tr", { hasText: "initech/reports" }).getByRole("cell", { name: "1", exact: true }).waitFor();
   },
 
   async finance(page) {
