@@ -115,9 +115,9 @@ async def test_a_project_scope_is_accepted(acme_api: str, admin_headers: dict[st
 
 
 async def test_a_rules_limit_and_window_change_in_place(
-    db_api: str, postgres_url: str, admin_headers: dict[str, str]
+    acme_api: str, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=acme_api) as http:
         rule = (await http.post("/api/v1/budget-rules", json={**RULE, "window": "1d"})).json()
         one = f"/api/v1/budget-rules/{rule['id']}"
         limited = await http.patch(one, json={"limit": 50})
@@ -144,16 +144,16 @@ async def test_a_rules_limit_and_window_change_in_place(
     ],
 )
 async def test_a_bad_change_is_400_naming_the_field_and_changes_nothing(
-    db_api: str, change: dict[str, Any], param: str, admin_headers: dict[str, str]
+    acme_api: str, change: dict[str, Any], param: str, admin_headers: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=acme_api) as http:
         rule = (await http.post("/api/v1/budget-rules", json={**RULE, "window": "1d"})).json()
         one = f"/api/v1/budget-rules/{rule['id']}"
-        assert error(await http.patch(one, json=change), 400)["param"] == param
+        assert envelope(await http.patch(one, json=change), 400)["param"] == param
         assert (await http.get(one)).json() == rule
 
 
-async def test_changing_a_missing_rule_is_404(db_api: str, admin_headers: dict[str, str]) -> None:
-    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
-        error(await http.patch("/api/v1/budget-rules/rule_00000000000b", json={"limit": 5}), 404)
-        error(await http.patch("/api/v1/budget-rules/whatever", json={"limit": 5}), 404)
+async def test_changing_a_missing_rule_is_404(acme_api: str, admin_headers: dict[str, str]) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=acme_api) as http:
+        envelope(await http.patch("/api/v1/budget-rules/rule_00000000000b", json={"limit": 5}), 404)
+        envelope(await http.patch("/api/v1/budget-rules/whatever", json={"limit": 5}), 404)
