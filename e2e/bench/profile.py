@@ -27,6 +27,8 @@ GROUPS = (
     ("fleet_core", "fleet_core/"),
     ("hypercorn", "hypercorn/"),
     ("h11", "h11/"),
+    ("uvicorn", "uvicorn/"),
+    ("httptools", "httptools/"),
     ("starlette", "starlette/"),
     ("aiohttp", "aiohttp/"),
     ("yarl/multidict", "yarl/"),
@@ -113,6 +115,8 @@ def main(seconds: float, mode: str, server: str) -> None:
             subprocess.run(record, check=True, capture_output=True, env=ENV)
             driver.join()
             own, layers, top = breakdown(out.read_text())
+            if keep := os.environ.get("FLEET_PROFILE_KEEP"):
+                shutil.copyfile(out, keep)
     print(f"self time by package ({server}, {mode} c=32):")
     for name, share in own.items():
         print(f"  {name:28} {share:6.1%}")

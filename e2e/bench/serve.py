@@ -1,8 +1,10 @@
 """Serve the gateway or the bare proxy on a chosen ASGI server, for like-for-like comparisons.
 
-Usage: python -m bench.serve hypercorn|uvicorn|granian gateway|bare PORT UPSTREAM_OR_CONFIG
+Usage: python -m bench.serve uvicorn|hypercorn|granian gateway|bare PORT UPSTREAM_OR_CONFIG
 The gateway is built exactly as ``fleet-gateway`` builds it (same settings, resources and app
-factory); only the server around it changes.
+factory); only the server around it changes. uvicorn and hypercorn are started by
+``fleet_core.serving.serve_app``, as ``fleet-gateway --server`` starts them (uvicorn with
+httptools); granian, which Fleet does not ship, by its embeddable server.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import uvloop
 from bench import bare_proxy
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import load_config
-from fleet_core.serving import serve_app
+from fleet_core.serving import SERVERS, serve_app
 from fleet_core.settings import from_env
 
 
@@ -39,37 +41,19 @@ async def build(kind: str, target: str) -> AsyncIterator[Any]:
 
 
 async def run(server: str, app: Any, port: int, stop: asyncio.Event) -> None:
-    if server == "hypercorn":
-        await serve_app(app, f"127.0.0.1:{port}", grace_s=1, stop=stop)
-    elif server == "uvicorn":
-        import uvicorn
+    if server in SERVERS:  # exactly as fleet-gateway --server runs it (fleet_core/serving.py)
+        await serve_app(app, f"127.0.0.1:{port}", grace_s=1, stop=stop, server=server)
+        return
+    from granian.constants import Interfaces
+    from granian.server.embed import Server
 
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            access_log=False,
-            loop="none",
-            lifespan="on",
-        )
-        instance = uvicorn.Server(config)
-        instance.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        task = asyncio.create_task(instance.serve())
-        await stop.wait()
-        instance.should_exit = True
-        await task
-    else:
-        from granian.constants import Interfaces
-        from granian.server.embed import Server
-
-        instance = Server(
-            app, address="127.0.0.1", port=port, interface=Interfaces.ASGI, log_enabled=False
-        )
-        task = asyncio.create_task(instance.serve())
-        await stop.wait()
-        instance.stop()
-        await task
+    instance = Server(
+        app, address="127.0.0.1", port=port, interface=Interfaces.ASGI, log_enabled=False
+    )
+    task = asyncio.create_task(instance.serve())
+    await stop.wait()
+    instance.stop()  # type: ignore[no-untyped-call]
+    await task
 
 
 async def main(server: str, kind: str, port: int, target: str) -> None:

@@ -150,11 +150,14 @@ def wait_until_up(url: str, proc: subprocess.Popen[str]) -> None:
     raise AssertionError("gateway did not come up")
 
 
-def test_demo_serves_and_sigterm_drains_an_open_stream() -> None:
+@pytest.mark.parametrize("server", ["uvicorn", "hypercorn"])
+def test_demo_serves_and_sigterm_drains_an_open_stream(server: str) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    listen = ["--listen", f"127.0.0.1:{port}"]
+    server_args = [] if server == "uvicorn" else ["--server", server]  # uvicorn: the default
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleet_core.gateway", "--demo", "--listen", f"127.0.0.1:{port}"],
+        [sys.executable, "-m", "fleet_core.gateway", "--demo", *listen, *server_args],
         env={**os.environ, "FLEET_LOG_FORMAT": "json", "FLEET_DEMO_TOKEN_DELAY_MS": "30"},
         stderr=subprocess.PIPE,
         text=True,
@@ -192,6 +195,19 @@ def test_demo_serves_and_sigterm_drains_an_open_stream() -> None:
         "trace-7"
     ]
     assert any("stopped" in line["msg"] for line in lines)
+    assert any(f"({server})" in line["msg"] for line in lines)  # served by the server asked for
+
+
+def test_a_port_in_use_is_refused_with_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("--demo", "--listen", f"127.0.0.1:{port}")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].startswith(
+        f"fleet-gateway: cannot listen on 127.0.0.1:{port}"
+    )
 
 
 def test_estimate_and_tokenizer_counting(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+import pytest
 
 from fleet_core.stub_engine import StubSettings, running_stub
 
@@ -30,7 +31,9 @@ from .test_config_and_cli import free_port
 TPM = 6000
 
 
+@pytest.mark.parametrize("server", ["uvicorn", "hypercorn"])
 async def test_sigterm_mid_stream_settles_before_redis_closes(
+    server: str,
     control_plane: httpx.AsyncClient,
     postgres_url: str,
     redis_url: str,
@@ -53,7 +56,8 @@ async def test_sigterm_mid_stream_settles_before_redis_closes(
             "FLEET_SHUTDOWN_GRACE_S": "0.5",
             "FLEET_ACCESS_LOG": "false",
         }
-        proc = _gateway(["--config", str(config), "--listen", f"127.0.0.1:{port}"], env)
+        listen = ["--listen", f"127.0.0.1:{port}", "--server", server]
+        proc = _gateway(["--config", str(config), *listen], env)
         try:
             await _until_ready(url, proc)
             started = time.monotonic()
@@ -67,8 +71,9 @@ async def test_sigterm_mid_stream_settles_before_redis_closes(
     assert proc.stderr is not None
     with proc.stderr:
         output = proc.stderr.read()
-    # hypercorn itself logs the connection task it cancels when the grace runs out; nothing of
-    # ours may fail on the way down
+    # the server logs the request it cancels when the grace runs out; nothing of ours may fail
+    # on the way down
+    assert f"({server})" in output, output
     assert "fleet_core/" not in output, output
     assert "unhandled error" not in output, output
     async with await psycopg.AsyncConnection.connect(postgres_url) as conn:

@@ -90,14 +90,15 @@ def test_a_bad_workers_flag_is_one_line() -> None:
 
 @contextlib.asynccontextmanager
 async def supervised(
-    tmp_path: Path, env: dict[str, str], **stub: object
+    tmp_path: Path, env: dict[str, str], server: str = "uvicorn", **stub: object
 ) -> AsyncIterator[tuple[str, subprocess.Popen[str]]]:
-    """A stub engine and ``fleet-gateway --workers 2`` in front of it: (url, supervisor)."""
+    """A stub engine and ``fleet-gateway --workers 2 --server SERVER`` in front of it:
+    (url, supervisor)."""
     async with running_stub(StubSettings(model="m", **stub)) as engine:  # type: ignore[arg-type]
         config = tmp_path / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
         port = free_port()
-        proc = _supervisor(config, port, env)
+        proc = _supervisor(config, port, env, server)
         try:
             await _until_both_ready(proc, f"http://127.0.0.1:{port}")
             yield f"http://127.0.0.1:{port}", proc
@@ -109,9 +110,9 @@ async def supervised(
                 proc.stderr.close()
 
 
-def _supervisor(config: Path, port: int, env: dict[str, str]) -> subprocess.Popen[str]:
+def _supervisor(config: Path, port: int, env: dict[str, str], server: str) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "fleet_core.gateway", "--config", str(config)]
-    command += ["--listen", f"127.0.0.1:{port}", "--workers", "2"]
+    command += ["--listen", f"127.0.0.1:{port}", "--workers", "2", "--server", server]
     full = {**os.environ, "FLEET_ACCESS_LOG": "false", **env}
     return subprocess.Popen(command, env=full, stderr=subprocess.PIPE, text=True)
 
@@ -218,12 +219,14 @@ def _sample(text: str, name: str) -> float:
     )
 
 
+@pytest.mark.parametrize("server", ["uvicorn", "hypercorn"])
 async def test_sigterm_drains_every_worker(
-    tmp_path: Path, redis_url: str, redis_prefix: str
+    server: str, tmp_path: Path, redis_url: str, redis_prefix: str
 ) -> None:
     env = shared_env(redis_url, redis_prefix, FLEET_SHUTDOWN_GRACE_S="30")
     reply = " ".join(["word"] * 30)
-    async with supervised(tmp_path, env, token_delay_ms=60, reply=reply) as (url, proc):
+    running = supervised(tmp_path, env, server, token_delay_ms=60, reply=reply)
+    async with running as (url, proc):
         async with burst_client() as http:
             started = [asyncio.Event() for _ in range(16)]
             streams = [asyncio.create_task(_stream(http, url, s)) for s in started]
@@ -238,6 +241,7 @@ async def test_sigterm_drains_every_worker(
     assert outcomes == [(30, True)] * 16  # every open stream ran to its end
     assert code == 0, stderr
     assert stderr.count("stopped") == 2, stderr  # both workers drained and stopped
+    assert stderr.count(f"({server})") == 2, stderr  # each served by the server asked for
 
 
 async def _stream(http: httpx.AsyncClient, url: str, started: asyncio.Event) -> tuple[int, bool]:

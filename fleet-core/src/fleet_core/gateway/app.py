@@ -36,6 +36,7 @@ from fleet_core.console.proxying import proxy_routes
 from fleet_core.console.serving import console_routes, with_shell
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.discovery import poll_endpoints
+from fleet_core.gateway.dispatch import GatewayApp
 from fleet_core.gateway.health import HealthChecker
 from fleet_core.gateway.proxy import Proxy
 from fleet_core.gateway.router import Router
@@ -147,7 +148,7 @@ async def open_resources(settings: GatewaySettings) -> AsyncIterator[GatewayReso
         await limits.aclose()
 
 
-def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -> Starlette:
+def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -> GatewayApp:
     config = settings.config
     registry = EndpointRegistry(
         eject_after=config.health.eject_after,
@@ -243,7 +244,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     middleware = web.middleware(
         access_log=settings.log.access, cors_origins=settings.admission.cors_origins
     )
-    routes = gateway_routes(
+    hot, routes = gateway_routes(
         service,
         router,
         resources.ring,
@@ -269,7 +270,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     app.state.router = router
     app.state.admission = admission
     app.state.database = database
-    return app
+    return GatewayApp(app, hot, access_log=settings.log.access)
 
 
 def tenant_priority(config: GatewayConfig, database: DatabaseMode | None) -> Callable[[str], int]:

@@ -1,7 +1,8 @@
 """``fleet-gateway``: the gateway's entry point. The environment is read here, once.
 
-``fleet-gateway --config fleet.yaml [--listen HOST:PORT] [--workers N|auto]`` serves the OpenAI
-API; ``--demo`` adds a stub engine (a child process) serving a model named ``demo`` so the gateway
+``fleet-gateway --config fleet.yaml [--listen HOST:PORT] [--workers N|auto] [--server uvicorn|
+hypercorn]`` serves the OpenAI API (on uvicorn unless ``--server`` says otherwise: ADR 0002);
+``--demo`` adds a stub engine (a child process) serving a model named ``demo`` so the gateway
 runs with nothing else. With ``--workers`` above 1 this process supervises that many gateway
 processes on the one port (``workers.py``). A configuration that cannot work exits with status 2
 and one line saying what and how to fix it.
@@ -29,7 +30,7 @@ from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, load_config
 from fleet_core.gateway.demo import demo_engine, with_demo
 from fleet_core.logs import setup_logging
-from fleet_core.serving import parse_listen, run, serve_app, stop_on_signals
+from fleet_core.serving import SERVERS, Server, parse_listen, run, serve_app, stop_on_signals
 from fleet_core.settings import GatewaySettings, from_env
 
 __all__ = ["gateway_main"]
@@ -37,20 +38,28 @@ __all__ = ["gateway_main"]
 log = logging.getLogger("fleet.main")
 
 
-async def _run_gateway(settings: GatewaySettings, *, listen: str, worker: str = "") -> None:
+async def _run_gateway(
+    settings: GatewaySettings, *, listen: str, server: Server, worker: str = ""
+) -> None:
     """Serve until SIGTERM/SIGINT, then drain. ``worker``: "I/N" in a worker of --workers N."""
     stop = stop_on_signals()
     orphaned = asyncio.create_task(_stop_when_orphaned(stop)) if worker else None
     async with open_resources(settings) as resources:
         app = create_gateway_app(settings, resources)
         log.info(
-            "fleet-gateway %slistening on %s with %d upstream(s)",
+            "fleet-gateway %slistening on %s (%s) with %d upstream(s)",
             f"worker {worker} (pid {os.getpid()}) " if worker else "",
             listen,
+            server,
             len(settings.config.upstreams),
         )
         await serve_app(
-            app, listen, grace_s=settings.shutdown_grace_s, stop=stop, reuse_port=bool(worker)
+            app,
+            listen,
+            grace_s=settings.shutdown_grace_s,
+            stop=stop,
+            reuse_port=bool(worker),
+            server=server,
         )
     if orphaned is not None:
         orphaned.cancel()
@@ -73,6 +82,7 @@ def _gateway_args(argv: Sequence[str] | None) -> argparse.Namespace:
     arg("--listen", help="HOST:PORT, overrides fleet.yaml (default 127.0.0.1:8080)")
     arg("--demo", action="store_true", help="serve a stub model named 'demo'")
     arg("--workers", default="1", help="gateway processes on the port: N, or auto (the cores)")
+    arg("--server", choices=SERVERS, default="uvicorn", help="the ASGI server (default uvicorn)")
     # Set by the supervisor for its workers; not for people.
     arg("--worker", type=int, help=argparse.SUPPRESS)
     arg("--demo-url", help=argparse.SUPPRESS)
@@ -141,7 +151,7 @@ def _refuse(exc: ConfigError) -> SystemExit:
 
 
 def _worker_argv(args: argparse.Namespace, listen: str, count: int, demo: str | None) -> list[str]:
-    argv = ["--listen", listen, "--workers", str(count)]
+    argv = ["--listen", listen, "--workers", str(count), "--server", args.server]
     argv += ["--config", str(args.config)] if args.config else []
     return argv + (["--demo-url", demo] if demo else [])
 
@@ -175,4 +185,7 @@ def gateway_main(argv: Sequence[str] | None = None) -> None:
             status = workers.supervise(worker_argv, count, grace_s=settings.shutdown_grace_s)
             raise SystemExit(status)
         worker = f"{args.worker}/{count}" if args.worker is not None else ""
-        run(_run_gateway(settings, listen=listen, worker=worker))
+        try:
+            run(_run_gateway(settings, listen=listen, server=args.server, worker=worker))
+        except ConfigError as exc:  # the port: taken, or not ours to bind
+            raise _refuse(exc) from None

@@ -74,6 +74,8 @@ class StreamMeter:
 
 
 def _data(frame: bytes) -> bytes | None:
+    if frame.startswith(b"data:"):  # nearly every frame: its first line is its data
+        return frame[5 : frame.find(b"\n")].strip()
     for line in frame.split(b"\n"):
         if line.startswith(b"data:"):
             return line[5:].strip()

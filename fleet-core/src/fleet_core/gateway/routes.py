@@ -3,45 +3,56 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleet_core import web
 from fleet_core.admission.keys import Principal
 from fleet_core.admission.service import Admission
-from fleet_core.errors import InvalidRequest, PayloadTooLarge
+from fleet_core.errors import FleetError, InvalidRequest, PayloadTooLarge
 from fleet_core.gateway.responses import SSE_HEADERS, ClientGone, until_disconnect, watch_start
 from fleet_core.gateway.router import Router
-from fleet_core.gateway.service import ClientLeft, Exchange, GatewayService
+from fleet_core.gateway.service import PATHS, ClientLeft, Exchange, GatewayService
 from fleet_core.gateway.viewers import Viewers
 from fleet_core.gateway.wire import Kind, parse_request
 from fleet_core.metering.metrics import GatewayMetrics
 from fleet_core.metering.records import RingSink
 
-__all__ = ["gateway_routes"]
+__all__ = ["error_response", "gateway_routes", "read_body", "receive_body"]
+
+log = logging.getLogger("fleet.web")
 
 _DRAIN_FACTOR = 4
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, or 413 once it is known to exceed ``limit``.
+    """`receive_body` for a Starlette request (the console's proxy)."""
+    return await receive_body(request.receive, request.headers.get("content-length"), limit)
+
+
+async def receive_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    """The request body, or 413 once it is known to exceed ``limit``; ClientDisconnect if the
+    client leaves mid-upload. ``declared``: the Content-Length header, if any.
 
     An oversized body is still read (and dropped) up to ``_DRAIN_FACTOR`` times the limit before
     answering: closing a socket with unread data makes the kernel send RST, and the client would
     see a reset instead of the 413 that explains it.
     """
-    declared = request.headers.get("content-length")
     too_big = bool(declared and declared.isdigit() and int(declared) > limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
+    chunks, size, more = [], 0, True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunk, more = message.get("body", b""), message.get("more_body", False)
         size += len(chunk)
-        if size > limit:
-            too_big = True
+        too_big = too_big or size > limit
         if too_big:
             if size > limit * _DRAIN_FACTOR:
                 break
@@ -52,7 +63,73 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise PayloadTooLarge(
             f"request body of {shown} bytes exceeds the limit of {limit} (FLEET_MAX_BODY_BYTES)"
         )
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class _Headers(NamedTuple):
+    """The request headers a proxied request reads, found in one pass (first of each wins)."""
+
+    authorization: str | None = None
+    content_length: str | None = None
+    session: str | None = None
+
+    @classmethod
+    def of(cls, raw: list[tuple[bytes, bytes]]) -> _Headers:
+        found: dict[bytes, str] = {}
+        for name, value in raw:
+            if name in _WANTED and name not in found:
+                found[name] = value.decode("latin-1")
+        return cls(*(found.get(name) for name in _WANTED))
+
+
+_WANTED = (b"authorization", b"content-length", b"x-session-id")
+
+
+class _Proxy:
+    """``POST /v1/chat/completions`` (``completions``, ``embeddings``) as a plain ASGI app, so
+    `GatewayApp` can call it without Starlette's stack (Starlette's router calls it too, for
+    requests with an Origin header). It renders its own errors with the same envelope Starlette's
+    handlers would (`error_response`): nothing raised before the first byte reaches the server."""
+
+    def __init__(self, endpoints: _Endpoints, kind: Kind) -> None:
+        self.endpoints, self.kind = endpoints, kind
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        send, started = watch_start(send)
+        try:
+            await self._serve(scope, receive, send, started)
+        except Exception as exc:
+            if started[0]:
+                raise
+            await error_response(exc, scope["path"])(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, started: list[bool]) -> None:
+        received = time.time()
+        ep, headers = self.endpoints, _Headers.of(scope["headers"])
+        principal = ep.admission.authenticate(headers.authorization)
+        try:
+            raw = await receive_body(receive, headers.content_length, ep.max_body)
+        except ClientDisconnect:  # left mid-upload: nothing admitted, nobody to answer
+            await Response(status_code=499)(scope, receive, send)
+            return
+        state = scope["state"]
+        exchange = ep.service.begin(
+            parse_request(self.kind, raw),
+            principal=principal,
+            request_id=state["request_id"],
+            client_request_id=state["client_request_id"],
+            received_at=received,
+            session=headers.session,
+        )
+        await _Answer(ep.service, exchange).run(scope, receive, send, started)
+
+
+def error_response(exc: Exception, path: str) -> Response:
+    """The envelope Starlette's handlers (`web.exception_handlers`) give ``exc``."""
+    if isinstance(exc, FleetError):
+        return web.render(exc)
+    log.exception("unhandled error serving %s", path, exc_info=exc)
+    return web.render(FleetError("an internal error occurred; it has been logged"))
 
 
 class _Endpoints:
@@ -77,26 +154,6 @@ class _Endpoints:
         if await self.viewers.sees_all(authorization):
             return None
         return self.admission.authenticate(authorization)
-
-    def proxy(self, kind: Kind) -> Any:
-        async def endpoint(request: Request) -> Any:
-            received = time.time()
-            principal = self.admission.authenticate(request.headers.get("authorization"))
-            try:
-                raw = await read_body(request, self.max_body)
-            except ClientDisconnect:  # left mid-upload: nothing admitted, nobody to answer
-                return Response(status_code=499)
-            exchange = self.service.begin(
-                parse_request(kind, raw),
-                principal=principal,
-                request_id=request.state.request_id,
-                client_request_id=request.state.client_request_id,
-                received_at=received,
-                session=request.headers.get("x-session-id"),
-            )
-            return _Answer(self.service, exchange)
-
-        return endpoint
 
     async def models(self, request: Request) -> Response:
         self.admission.authenticate(request.headers.get("authorization"))
@@ -147,15 +204,15 @@ class _Endpoints:
 
 
 class _Answer:
-    """The ASGI answer to a proxied request. The whole exchange, from admission to the last byte
+    """The answer to a proxied request. The whole exchange, from admission to the last byte
     sent, runs inside ``service.admitted``, which records and settles it once on every path.
-    An error raised before anything was sent reaches Starlette's handler: an envelope."""
+    An error raised before anything was sent is rendered by `_Proxy`: an envelope."""
 
     def __init__(self, service: GatewayService, exchange: Exchange) -> None:
         self.service, self.exchange = service, exchange
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        send, started = watch_start(send)
+    async def run(self, scope: Scope, receive: Receive, send: Send, started: list[bool]) -> None:
+        """Answer; ``started`` (from `watch_start` around ``send``) says whether it began."""
         with contextlib.suppress(ClientLeft):
             async with self.service.admitted(self.exchange):
                 try:
@@ -189,7 +246,9 @@ def gateway_routes(
     metrics: GatewayMetrics,
     viewers: Viewers,
     max_body: int,
-) -> list[BaseRoute]:
+) -> tuple[dict[str, ASGIApp], list[BaseRoute]]:
+    """The OpenAI POST routes as plain ASGI apps by path (for `GatewayApp`), and every route
+    (those included) for the Starlette app."""
     ep = _Endpoints(
         service,
         router,
@@ -199,10 +258,9 @@ def gateway_routes(
         viewers=viewers,
         max_body=max_body,
     )
-    return [
-        Route("/v1/chat/completions", ep.proxy("chat"), methods=["POST"]),
-        Route("/v1/completions", ep.proxy("completions"), methods=["POST"]),
-        Route("/v1/embeddings", ep.proxy("embeddings"), methods=["POST"]),
+    proxies: dict[str, ASGIApp] = {path: _Proxy(ep, kind) for kind, path in PATHS.items()}
+    return proxies, [
+        *(Route(path, proxy, methods=["POST"]) for path, proxy in proxies.items()),
         Route("/v1/models", ep.models, methods=["GET"]),
         Route("/health", ep.health, methods=["GET"]),
         Route("/healthz", ep.healthz, methods=["GET"]),

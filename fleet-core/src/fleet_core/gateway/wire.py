@@ -248,6 +248,8 @@ class _Delta(msgspec.Struct):
 
     def generated(self) -> str:
         """Everything the engine generated here: reasoning, content, tool names and arguments."""
+        if not (self.tool_calls or self.function_call or self.reasoning_content or self.reasoning):
+            return self.content or ""  # a plain token: most frames of most streams
         calls = [c.function for c in self.tool_calls or () if c.function is not None]
         if self.function_call is not None:
             calls.append(self.function_call)

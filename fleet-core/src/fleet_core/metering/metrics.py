@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -127,6 +128,11 @@ class GatewayMetrics:
             "Settlement batches given up (over the retry cap, or unconfirmed at shutdown).",
             registry=registry,
         )
+        self._requests_by = _Children(self._requests)
+        self._tokens_by = _Children(self._tokens)
+        self._duration_by = _Children(self._duration)
+        self._ttft_by = _Children(self._ttft)
+        self._in_flight_by = _Children(self._in_flight)
         # Asked live at each scrape: the answering worker's own view with --workers N.
         self._exposed.register(_EndpointReadiness(endpoints))
         self._exposed.register(_EngineSignals(signals))
@@ -139,22 +145,22 @@ class GatewayMetrics:
     def observe(self, record: UsageRecord) -> None:
         """Count one finished request: its status, its tokens and its latencies."""
         labels = _ScopeLabels.of(record)
-        self._requests.labels(*labels, _status_class(record.status)).inc()
+        self._requests_by(*labels, _status_class(record.status)).inc()
         for side, amount in _token_sides(record):
             if amount > 0:
-                self._tokens.labels(*labels, side).inc(amount)
+                self._tokens_by(*labels, side).inc(amount)
         self._observe_latency(record, labels.model)
 
     def _observe_latency(self, record: UsageRecord, model: str) -> None:
-        self._duration.labels(model).observe(_elapsed(record.received_at, record.done_at))
+        self._duration_by(model).observe(_elapsed(record.received_at, record.done_at))
         if record.stream and record.first_byte_at is not None:
-            self._ttft.labels(model).observe(_elapsed(record.received_at, record.first_byte_at))
+            self._ttft_by(model).observe(_elapsed(record.received_at, record.first_byte_at))
 
     def request_started(self, model: str) -> None:
-        self._in_flight.labels(model).inc()
+        self._in_flight_by(model).inc()
 
     def request_finished(self, model: str) -> None:
-        self._in_flight.labels(model).dec()
+        self._in_flight_by(model).dec()
 
     def refused(self, *, tenant: str, project: str, level: str, dimension: str) -> None:
         """One request refused by a limit or budget; ``tenant``/``project`` are names, never a
@@ -173,6 +179,22 @@ class GatewayMetrics:
         """The exposition and its content type: OpenMetrics if ``accept`` asks, else text 0.0.4."""
         encode, content_type = choose_encoder(accept or "")
         return encode(self._exposed), content_type
+
+
+class _Children:
+    """A metric's children by label values, kept: prometheus_client's ``labels()`` validates the
+    values and takes a lock on every call, a few per cent of a gateway under load. The label sets
+    are those prometheus_client keeps anyway (no child is ever removed)."""
+
+    def __init__(self, metric: MetricWrapperBase) -> None:
+        self._metric = metric
+        self._found: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._found.get(values)
+        if child is None:
+            child = self._found[values] = self._metric.labels(*values)
+        return child
 
 
 class _ScopeLabels(NamedTuple):
