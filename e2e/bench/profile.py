@@ -1,11 +1,12 @@
 """Where a gateway process spends its time under load: py-spy, grouped by package.
 
 Usage: python -m bench.profile [SECONDS] [plain|stream] [SERVER]   (py-spy on PATH, or PY_SPY=path)
-Starts the stub engine and one gateway (``bench.serve SERVER gateway``, hypercorn by default),
-drives it at c=32 from the bench's load generator, samples the gateway with py-spy for SECONDS,
+Starts the stub engine and one gateway (``bench.serve SERVER gateway``, uvicorn by default, as
+``fleet-gateway`` ships), drives it at c=32 from the bench's load generator, samples the gateway
+with py-spy for SECONDS,
 and prints the share of samples whose innermost frame is in each package (self time) and the
 share that pass through each of a few layers (inclusive time). Not part of ``make bench``: the
-figures go into ADR 0002 by hand.
+figures go into ADR 0002 by hand. ``FLEET_PROFILE_KEEP=PATH`` keeps py-spy's raw stacks there.
 """
 
 from __future__ import annotations
@@ -140,5 +141,5 @@ if __name__ == "__main__":
     main(
         float(args[0]) if args else 15.0,
         args[1] if len(args) > 1 else "plain",
-        args[2] if len(args) > 2 else "hypercorn",
+        args[2] if len(args) > 2 else "uvicorn",
     )
