@@ -16,6 +16,7 @@ from bench import (
     costs_bench,
     database_bench,
     gateway_bench,
+    generator,
     ledger_bench,
     operator_bench,
     pull_bench,
@@ -28,7 +29,7 @@ def main() -> None:
     only = os.environ.get("FLEET_BENCH_ONLY", "")
     sections = []
     if only in ("", "gateway"):
-        sections.append(gateway_bench.report(gateway_bench.run()))
+        sections.append([*gateway_bench.report(gateway_bench.run()), generator.describe(), ""])
     if only in ("", "admission"):
         sections.append(admission_bench.report(admission_bench.run()))
     if only in ("", "ledger"):

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import redis
 import uvloop
 
+from bench import generator
 from bench.gateway_bench import (
     ROUNDS,
     SECONDS,
@@ -204,6 +205,7 @@ def report(result: dict[str, object]) -> list[str]:
         "The gateway on hypercorn against the stub engine, with keys and tenant + project",
         "limits in Redis (4 buckets per request, one EVALSHA to admit, one to settle) versus",
         "auth and limits off; medians of interleaved rounds.",
+        generator.describe(),
         "",
         "| gateway | sequential req/s / p50 / p99 | plain c=64 req/s / p50 / p99 |",
         "|---|---|---|",

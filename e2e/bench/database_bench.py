@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psycopg
 
+from bench import generator
 from bench.admission_bench import redis_url
 from bench.gateway_bench import ROUNDS, Cell, free_port, load, median, process, summary
 from bench.ledger_bench import scratch_database
@@ -214,6 +215,7 @@ def report(result: dict[str, object]) -> list[str]:
         "The gateway on hypercorn against the stub engine, tenant + project limits in Redis in",
         "both modes; database mode adds the catalog from Postgres, three budget rules, unit",
         "rates and one ledger row per request (batched COPY). Medians of interleaved rounds.",
+        generator.describe(),
         "",
         "| gateway | sequential req/s / p50 / p99 | plain c=64 req/s / p50 / p99 |",
         "|---|---|---|",

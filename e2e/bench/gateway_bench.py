@@ -15,7 +15,6 @@ interleaved rounds, are what the targets judge (issue 21):
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import socket
@@ -27,7 +26,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench import litellm_peer
+from bench import generator, litellm_peer
 
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = float(os.environ.get("FLEET_BENCH_SECONDS", "3"))
@@ -82,26 +81,7 @@ def process(args: list[str], health: str, env: dict[str, str] | None = None) -> 
 
 
 def load(url: str, cell: str, key: str | None = None, seconds: float = SECONDS) -> Cell:
-    mode, _, conc = cell.partition(" c=")
-    concurrency = int(conc) if conc else 1
-    mode = {"sequential": "plain", "first frame": "first"}.get(mode, mode)
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.load",
-            url,
-            str(concurrency),
-            str(seconds),
-            mode,
-            *([key] if key else []),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=ENV,
-    )
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
+    return generator.run(url, cell, key, seconds)
 
 
 def _python(*args: str) -> list[str]:
@@ -372,6 +352,7 @@ def write_report(sections: list[list[str]]) -> None:
         "",
         f"- Each cell: {SECONDS:g} s of closed-loop load after a warm-up, from a load generator in",
         "  its own process; stub engine with no artificial delay, 16-token replies.",
+        *generator.PREAMBLE,
         "",
     ]
     for section in merged.values():

@@ -1,13 +1,17 @@
 """A closed-loop load generator in its own process: N workers, fixed duration, latencies.
 
-Usage: python -m bench.load URL CONCURRENCY SECONDS plain|stream|first [KEY] -> one JSON line.
-``plain`` and ``stream`` time whole responses; ``first`` times a stream's first SSE frame.
+Usage: python -m bench.load URL CONCURRENCY SECONDS plain|stream|first -> one JSON line.
+``plain`` and ``stream`` time whole responses; ``first`` times a stream's first SSE frame. The
+bearer key, if any, comes from ``FLEET_BENCH_KEY``. The benchmarks run the Go generator
+(``loadgen/``, same arguments and output) when ``go`` is there; this one is the fallback
+(``bench.generator``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -81,5 +85,5 @@ async def main(
 
 if __name__ == "__main__":
     url, conc, secs, mode = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-    key = sys.argv[5] if len(sys.argv) > 5 else None
+    key = os.environ.get("FLEET_BENCH_KEY") or None
     print(json.dumps(uvloop.run(main(url, conc, secs, mode, key))))

@@ -1,0 +1,3 @@
+module fleet.bench/loadgen
+
+go 1.22
