@@ -121,4 +121,5 @@ for i = 1, count do
     store(KEYS[i], levels[i], capacities[i], now)
   end
 end
+keep_books()
 return out

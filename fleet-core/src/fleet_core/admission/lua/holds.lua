@@ -26,3 +26,4 @@ for r = 1, #KEYS / 2 do
   end
   pos = pos + 1
 end
+keep_books()

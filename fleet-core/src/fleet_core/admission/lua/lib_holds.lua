@@ -17,13 +17,28 @@ local function keep(key, ttl_ms)
   end
 end
 
+-- The books a script put holds in, each with the longest ttl it was given, in first-put order:
+-- `keep_books` extends each book (and its expiry set) once at the end of the script, rather than
+-- after every put (a batch puts many holds in one book; the keys end with the same ttl).
+local kept_order, kept_ttl, kept_expiry = {}, {}, {}
+
 local function put(book, expiry, id, amount, ttl_ms, now_ms)
   local old = tonumber(redis.call('HGET', book, id) or '0')
   redis.call('HSET', book, id, string.format('%d', amount))
   add(book, amount - old)
   redis.call('ZADD', expiry, now_ms + ttl_ms, id)
-  keep(book, ttl_ms)
-  keep(expiry, ttl_ms)
+  if kept_ttl[book] == nil then
+    kept_order[#kept_order + 1], kept_expiry[book], kept_ttl[book] = book, expiry, ttl_ms
+  elseif ttl_ms > kept_ttl[book] then
+    kept_ttl[book] = ttl_ms
+  end
+end
+
+local function keep_books()
+  for _, book in ipairs(kept_order) do
+    keep(book, kept_ttl[book])
+    keep(kept_expiry[book], kept_ttl[book])
+  end
 end
 
 local function drop(book, expiry, id)
