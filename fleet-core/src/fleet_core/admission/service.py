@@ -62,8 +62,11 @@ log = logging.getLogger("fleet.admission")
 OnStoreError = Literal["closed", "open"]
 LEARN_TIMEOUT_S = 5.0
 """How long a request waits for the first figures of a rule it is subject to (a new rule)."""
-SETTLE_WINDOW_S = 0.002
-"""How long a settlement waits for others to share its round trip."""
+SETTLE_WINDOW_S = 0.01
+"""How long a settlement waits for others to share its round trip. Under load every window
+costs two store calls (the token refunds and the budget holds), whatever the number of requests
+it settles, so a wider window means fewer calls per request; a refund then lands up to this much
+later, which can only err on the side of refusing, for a moment, against per-minute buckets."""
 SETTLE_RETRY_FIRST_S = 0.5
 """The wait before a failed settlement batch is first sent again; it doubles on each failure."""
 SETTLE_RETRY_MAX_S = 10.0
