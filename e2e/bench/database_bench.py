@@ -25,7 +25,16 @@ import psycopg
 
 from bench import generator
 from bench.admission_bench import redis_url
-from bench.gateway_bench import ROUNDS, Cell, free_port, load, median, process, summary
+from bench.gateway_bench import (
+    ROUNDS,
+    Cell,
+    free_port,
+    load,
+    load_average,
+    median,
+    process,
+    summary,
+)
 from bench.ledger_bench import scratch_database
 from fleet_core.admission import catalog
 
@@ -159,6 +168,7 @@ def gateways(database_url: str, redis: str) -> Iterator[tuple[str, str, str]]:
 
 def run(rows: int = ROWS) -> dict[str, object]:
     samples: dict[str, dict[str, list[Cell]]] = {}
+    loads = [load_average()]
     with redis_url() as redis, scratch_database() as database:
         _seed(database)
         with gateways(database, redis) as (env_url, db_url, off_url):
@@ -173,6 +183,7 @@ def run(rows: int = ROWS) -> dict[str, object]:
                         samples.setdefault(name, {}).setdefault(cell, []).append(
                             load(url, cell, key)
                         )
+                loads.append(load_average())
                 print(f"bench: database mode round {round_ + 1} of {ROUNDS}", file=sys.stderr)
             empty = [load(db_url, "sequential", SECRET) for _ in range(ROUNDS)]
             refresh_empty = asyncio.run(_refresh_ms(database))
@@ -189,12 +200,14 @@ def run(rows: int = ROWS) -> dict[str, object]:
         "refresh_full_ms": refresh_full,
         "rows": rows,
         "fill_s": fill_s,
+        "loads": loads,
     }
 
 
 def report(result: dict[str, object]) -> list[str]:
-    samples = result["samples"]
+    samples, loads = result["samples"], result["loads"]
     empty, full = result["empty"], result["full"]
+    assert isinstance(loads, list)
     assert isinstance(samples, dict)
     assert isinstance(empty, list)
     assert isinstance(full, list)
@@ -216,6 +229,7 @@ def report(result: dict[str, object]) -> list[str]:
         "both modes; database mode adds the catalog from Postgres, three budget rules, unit",
         "rates and one ledger row per request (batched COPY). Medians of interleaved rounds.",
         generator.describe(),
+        f"Machine load before and after each round: {'; '.join(loads)}.",
         "",
         "| gateway | sequential req/s / p50 / p99 | plain c=64 req/s / p50 / p99 |",
         "|---|---|---|",
