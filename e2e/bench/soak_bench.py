@@ -1,6 +1,6 @@
 """Memory and growth (issue 21): the gateway under a long mixed load must come back to where it was.
 
-``FLEET_BENCH_ONLY=soak``: a gateway process (as shipped: one worker, hypercorn) in front of the
+``FLEET_BENCH_ONLY=soak``: a gateway process (as shipped: one worker, the default server) in front of the
 stub engine takes ``FLEET_BENCH_SOAK_S`` seconds (default 1800) of bounded load from a client in
 its own process — 16 connections, each request chosen at random: non-stream (50%), a whole stream
 (35%), or a stream the client leaves after its first frame (15%). Before and after, the load stops
