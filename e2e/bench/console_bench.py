@@ -25,6 +25,7 @@ import psycopg
 
 from bench import costs_bench
 from bench.ledger_bench import scratch_database
+from fleet_core.storage import migrations
 
 __all__ = ["report", "run"]
 
@@ -77,6 +78,12 @@ CONSOLE_CALLS = (
 )
 
 
+def _agreement_backfill() -> bytes:
+    """The usage agreement's rollups as migration 0016 backfills them from the ledger."""
+    (text,) = (m.sql for m in migrations.available() if m.version == 16)
+    return text[text.index("INSERT INTO agreement_hour") :].encode()
+
+
 def _seed(url: str, rows: int) -> float:
     began = time.perf_counter()
     costs_bench._seed(url, rows)  # the ledger, capacity samples, placements and rates
@@ -85,8 +92,11 @@ def _seed(url: str, rows: int) -> float:
         conn.execute(_PROJECTS, {"tenants": costs_bench.TENANTS})
         conn.execute(_ROLLUPS)
         conn.execute(_HOURS)
+        conn.execute(_agreement_backfill())
         conn.execute("VACUUM ANALYZE usage_minute")
         conn.execute("VACUUM ANALYZE usage_hour")
+        conn.execute("VACUUM ANALYZE agreement_hour")
+        conn.execute("VACUUM ANALYZE agreement_diff_hour")
     return time.perf_counter() - began
 
 

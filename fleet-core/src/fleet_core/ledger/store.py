@@ -5,7 +5,8 @@ A batch is COPYed into a session-local staging table, then moved into ``ledger``
 only a replay of the same record can conflict; the client's own id is ``client_request_id``, not
 unique); the rollups are summed from that insert's ``RETURNING``, so a row replayed after an
 outage (already in the ledger) adds nothing to ``usage_minute`` (nor to ``usage_hour``, the hourly
-level summed from the same rows) a second time. It all runs in one transaction: the rows and
+level summed from the same rows, nor to the usage agreement's ``agreement_hour`` and
+``agreement_diff_hour``) a second time. It all runs in one transaction: the rows and
 their sums commit together or not at all.
 """
 
@@ -103,14 +104,57 @@ def _rollup(table: str, at: str) -> str:
     {_ADD.format(at=at)}"""
 
 
+
+
+def _diff(direction: str) -> str:
+    """A request's relative difference, as migration 0016 and ``usage.store`` compute it."""
+    engine, gateway = f"engine_{direction}_tokens", f"gw_{direction}_tokens"
+    return f"(({gateway} - {engine})::float8 / greatest({engine}, 1))"
+
+
+# The usage agreement's hourly rollups (ADR 0014): counts and sums of signed differences per
+# model, hour and count method; how many requests had each exact absolute difference.
+_AGREEMENT = f"""
+    INSERT INTO agreement_hour AS a (model, hour, count_method, requests, prompt_compared,
+                                     completion_compared, prompt_diff_sum, completion_diff_sum)
+    SELECT model, date_trunc('hour', done_at, 'UTC'), count_method, count(*),
+           count(engine_prompt_tokens), count(engine_completion_tokens),
+           coalesce(sum({_diff("prompt")}), 0), coalesce(sum({_diff("completion")}), 0)
+    FROM inserted WHERE outcome <> 'refused' GROUP BY 1, 2, 3
+    ON CONFLICT (model, hour, count_method) DO UPDATE SET
+        requests = a.requests + excluded.requests,
+        prompt_compared = a.prompt_compared + excluded.prompt_compared,
+        completion_compared = a.completion_compared + excluded.completion_compared,
+        prompt_diff_sum = a.prompt_diff_sum + excluded.prompt_diff_sum,
+        completion_diff_sum = a.completion_diff_sum + excluded.completion_diff_sum"""
+
+
+def _histogram(direction: str) -> str:
+    return f"""
+    SELECT model, date_trunc('hour', done_at, 'UTC'), '{direction}', abs({_diff(direction)}),
+           count(*)
+    FROM inserted WHERE outcome <> 'refused' AND engine_{direction}_tokens IS NOT NULL
+    GROUP BY 1, 2, 4"""
+
+
+_DIFFS = f"""
+    INSERT INTO agreement_diff_hour AS d (model, hour, direction, abs_diff, requests)
+    {_histogram("prompt")} UNION ALL {_histogram("completion")}
+    ON CONFLICT (model, hour, direction, abs_diff) DO UPDATE SET
+        requests = d.requests + excluded.requests"""
+
 _MOVE = f"""
 WITH inserted AS (
     INSERT INTO ledger ({_COLS}) SELECT {_COLS} FROM ledger_staging
     ON CONFLICT (request_id) DO NOTHING
     RETURNING tenant, project, model, done_at, outcome,
-              prompt_tokens, completion_tokens, cached_tokens, fresh_tokens, units
+              prompt_tokens, completion_tokens, cached_tokens, fresh_tokens, units,
+              count_method, engine_prompt_tokens, engine_completion_tokens,
+              gw_prompt_tokens, gw_completion_tokens
 ), minutes AS ({_rollup("usage_minute", "minute")}
 ), hours AS ({_rollup("usage_hour", "hour")}
+), agreement AS ({_AGREEMENT}
+), diffs AS ({_DIFFS}
 )
 SELECT count(*) FROM inserted
 """
