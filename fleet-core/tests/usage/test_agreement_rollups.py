@@ -136,7 +136,8 @@ def test_migration_backfills_the_agreement_from_the_ledger(postgres_url: str) ->
         window = (T0, T0 + timedelta(seconds=SPAN_S))
         async with AsyncConnectionPool(postgres_url, min_size=1, max_size=1, open=False) as pool:
             got = await usage.agreement(pool, start=window[0], end=window[1])
-        assert got and got[0].compared == 2
+        assert len(got) == 1
+        assert got[0].compared == 2
         _same(got, await _raw(postgres_url, *window, None))
 
     asyncio.run(run())

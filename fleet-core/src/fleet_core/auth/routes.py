@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from fleet_core import web
+from fleet_core import paging, web
 from fleet_core.auth import guard
 from fleet_core.auth.service import AuthService
 from fleet_core.auth.wire import CredentialCreate
@@ -29,7 +29,8 @@ class _Credentials:
         return web.json_response(issued, 201)
 
     async def list(self, request: Request) -> Response:
-        return web.json_response({"object": "list", "data": await self.service.credentials()})
+        page = paging.page(request.query_params, ["time", "text"])
+        return web.json_response(await self.service.credentials(page))
 
     async def revoke(self, request: Request) -> Response:
         return web.json_response(await self.service.revoke(request.path_params["credential_id"]))

@@ -13,6 +13,7 @@ import secrets
 import msgspec
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core import paging
 from fleet_core.auth.store import (
     AuthStore,
     MemoryAuthStore,
@@ -97,8 +98,9 @@ class AuthService:
         )
         return IssuedCredential(**msgspec.structs.asdict(stored), secret=secret)
 
-    async def credentials(self) -> list[Credential]:
-        return await self.store.credentials()
+    async def credentials(self, page: paging.Page) -> paging.Listing[Credential]:
+        rows = await self.store.credentials(page)
+        return paging.listing(rows, page, lambda c: (c.created_at, c.id))
 
     async def revoke(self, credential_id: str) -> Credential:
         revoked = await self.store.revoke(credential_id) if len(credential_id) <= 64 else None

@@ -15,6 +15,7 @@ from typing import Protocol
 import msgspec
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core import paging
 from fleet_core.auth.wire import AuditEvent, Credential, Principal, ServiceRole
 from fleet_core.storage.rows import utc_row
 
@@ -59,7 +60,7 @@ class NewEvent:
 class AuthStore(Protocol):
     async def insert(self, new: NewCredential) -> Credential: ...
 
-    async def credentials(self) -> list[Credential]: ...
+    async def credentials(self, page: paging.Page) -> list[Credential]: ...
 
     async def revoke(self, credential_id: str) -> Credential | None: ...
 
@@ -98,8 +99,9 @@ class MemoryAuthStore:
         self._rows[new.id] = (row, new.secret_hash)
         return row
 
-    async def credentials(self) -> list[Credential]:
-        return sorted((row for row, _ in self._rows.values()), key=lambda c: c.created_at)
+    async def credentials(self, page: paging.Page) -> list[Credential]:
+        rows = (row for row, _ in self._rows.values())
+        return paging.window(rows, page, lambda c: (c.created_at, c.id))
 
     async def revoke(self, credential_id: str) -> Credential | None:
         if credential_id not in self._rows:
@@ -157,11 +159,13 @@ class PostgresAuthStore:
         assert row is not None, "INSERT … RETURNING returns the row"
         return row
 
-    async def credentials(self) -> list[Credential]:
+    async def credentials(self, page: paging.Page) -> list[Credential]:
+        past, order = paging.keyset(["created_at", "id"], page)
         async with self._pool.connection() as conn:
             cursor = conn.cursor(row_factory=utc_row(Credential))
             await cursor.execute(
-                f"SELECT {_CREDENTIAL} FROM service_credentials ORDER BY created_at, id"
+                f"SELECT {_CREDENTIAL} FROM service_credentials WHERE {past} ORDER BY {order}",
+                paging.params(page),
             )
             return await cursor.fetchall()
 

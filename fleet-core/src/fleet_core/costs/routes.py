@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from fleet_core import web
+from fleet_core import paging, web
 from fleet_core.costs.csv_export import render_csv
 from fleet_core.costs.service import CostService, CostSettings
 from fleet_core.costs.wire import CostReport, RateCreate
@@ -28,11 +28,14 @@ class _Costs:
         return web.json_response(await self.service.create_rate(new), 201)
 
     async def list_rates(self, request: Request) -> Response:
-        rates = await self.service.list_rates(request.query_params.get("cluster"))
-        return web.json_response({"object": "list", "data": rates})
+        page = paging.page(request.query_params, ["text", "time"])
+        return web.json_response(
+            await self.service.list_rates(request.query_params.get("cluster"), page)
+        )
 
     async def list_periods(self, request: Request) -> Response:
-        return web.json_response({"object": "list", "data": await self.service.list_periods()})
+        page = paging.page(request.query_params, ["text"])
+        return web.json_response(await self.service.list_periods(page))
 
     async def get_period(self, request: Request) -> Response:
         as_csv = _wants_csv(request)

@@ -23,6 +23,7 @@ import msgspec
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core import paging
 from fleet_core.costs import closing
 from fleet_core.costs.periods import Period, parse_period
 from fleet_core.costs.store import CostStore
@@ -115,8 +116,9 @@ class CostService:
             )
         return rate
 
-    async def list_rates(self, cluster: str | None) -> list[CostRate]:
-        return await self.store.list_rates(cluster)
+    async def list_rates(self, cluster: str | None, page: paging.Page) -> paging.Listing[CostRate]:
+        rows = await self.store.list_rates(cluster, page)
+        return paging.listing(rows, page, lambda r: (r.cluster, r.effective_from or "-infinity"))
 
     async def get(self, name: str) -> CostReport:
         period = _period(name)
@@ -126,11 +128,13 @@ class CostService:
             raise NotFound(f"{period.name} has not been closed: PUT it to close it")
         return report
 
-    async def list_periods(self) -> list[CostPeriodSummary]:
-        return [
-            _summary(_REPORT.decode(body), closed_at, recomputes, frozen_by)
-            for _, body, closed_at, recomputes, frozen_by in await self.store.list_periods()
+    async def list_periods(self, page: paging.Page) -> paging.Listing[CostPeriodSummary]:
+        rows = [
+            (name, _summary(_REPORT.decode(body), closed_at, recomputes, frozen_by))
+            for name, body, closed_at, recomputes, frozen_by in await self.store.list_periods(page)
         ]
+        listed = paging.listing(rows, page, lambda row: (row[0],))
+        return paging.Listing(object="list", data=[s for _, s in listed.data], next=listed.next)
 
     async def close(
         self, name: str, *, min_coverage: str | None = None, now: datetime | None = None

@@ -17,6 +17,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core import paging
 from fleet_core.costs.allocation import round_half_up
 from fleet_core.costs.measuring import Measurements, RateSlice
 from fleet_core.costs.periods import Period
@@ -199,23 +200,29 @@ class CostStore:
             )
             return await cursor.fetchone()
 
-    async def list_rates(self, cluster: str | None) -> list[CostRate]:
+    async def list_rates(self, cluster: str | None, page: paging.Page) -> list[CostRate]:
+        """One page by cluster and start (unique together; the first start may be -infinity)."""
+        past, order = paging.keyset(["cluster_id", "cost_rates.effective_from"], page)
         async with self._pool.connection() as conn:
             cursor = conn.cursor(row_factory=utc_row(_rate))
             await cursor.execute(
-                f"SELECT {_RATE} FROM cost_rates WHERE %(c)s::text IS NULL OR cluster_id = %(c)s"
-                " ORDER BY cluster_id, cost_rates.effective_from",
-                {"c": cluster},
+                f"SELECT {_RATE} FROM cost_rates WHERE (%(c)s::text IS NULL OR cluster_id = %(c)s)"
+                f" AND {past} ORDER BY {order}",
+                {"c": cluster, **paging.params(page)},
             )
             return await cursor.fetchall()
 
-    async def list_periods(self) -> list[tuple[str, bytes, datetime, int, str | None]]:
+    async def list_periods(
+        self, page: paging.Page
+    ) -> list[tuple[str, bytes, datetime, int, str | None]]:
+        past, order = paging.keyset(["c.period"], page)
         async with self._pool.connection() as conn:
             cursor = await conn.execute(
                 "SELECT c.period, c.report::text, c.closed_at, c.recomputes, n.period"
                 " FROM cost_periods c LEFT JOIN cost_periods n ON n.period = to_char("
                 " to_date(c.period, 'YYYY-MM') + interval '1 month', 'YYYY-MM')"
-                " ORDER BY c.period"
+                f" WHERE {past} ORDER BY {order}",
+                paging.params(page),
             )
             return [
                 (r[0], r[1].encode(), r[2].astimezone(UTC), r[3], r[4])

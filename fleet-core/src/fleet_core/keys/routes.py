@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from fleet_core import web
+from fleet_core import paging, web
 from fleet_core.auth import guard
 from fleet_core.keys.service import KeyService
 from fleet_core.keys.wire import KeyCreate
@@ -31,8 +31,9 @@ class _Keys:
         if project_id is not None:
             guard.require_tenant(request, project_id.partition("/")[0], param="projectId")
         tenant_id = guard.tenant_scope(request, None)
-        keys = await self.service.list(project_id=project_id, tenant_id=tenant_id)
-        return web.json_response({"object": "list", "data": keys})
+        page = paging.page(request.query_params, ["time", "text"])
+        keys = await self.service.list(page, project_id=project_id, tenant_id=tenant_id)
+        return web.json_response(keys)
 
     async def delete(self, request: Request) -> Response:
         return web.json_response(await self.service.revoke(request.path_params["key_id"]))

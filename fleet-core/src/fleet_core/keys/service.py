@@ -15,6 +15,7 @@ import secrets
 import msgspec
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core import paging
 from fleet_core.errors import InvalidRequest, NotFound
 from fleet_core.keys.store import KeyStore
 from fleet_core.keys.wire import ApiKey, IssuedKey, KeyCreate
@@ -58,12 +59,13 @@ class KeyService:
         return IssuedKey(**msgspec.structs.asdict(stored), secret=secret)
 
     async def list(
-        self, *, project_id: str | None = None, tenant_id: str | None = None
-    ) -> list[ApiKey]:
-        """Keys' metadata, of one project or one tenant's projects if given."""
+        self, page: paging.Page, *, project_id: str | None = None, tenant_id: str | None = None
+    ) -> paging.Listing[ApiKey]:
+        """One page of keys' metadata, of one project or one tenant's projects if given."""
         if project_id is not None and not tenants.valid_project_id(project_id):
-            return []
-        return await self.store.list(project_id=project_id, tenant_id=tenant_id)
+            return paging.Listing(object="list", data=[])
+        rows = await self.store.list(page, project_id=project_id, tenant_id=tenant_id)
+        return paging.listing(rows, page, lambda k: (k.created_at, k.id))
 
     async def revoke(self, key_id: str) -> ApiKey:
         revoked = await self.store.revoke(key_id) if _KEY_ID.fullmatch(key_id) else None

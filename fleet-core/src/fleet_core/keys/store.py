@@ -5,6 +5,7 @@ from __future__ import annotations
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core import paging
 from fleet_core.errors import InvalidRequest
 from fleet_core.keys.wire import ApiKey
 from fleet_core.storage.rows import utc_row
@@ -36,15 +37,16 @@ class KeyStore:
         return row
 
     async def list(
-        self, *, project_id: str | None = None, tenant_id: str | None = None
+        self, page: paging.Page, *, project_id: str | None = None, tenant_id: str | None = None
     ) -> list[ApiKey]:
+        past, order = paging.keyset(["created_at", "id"], page)
         async with self._pool.connection() as conn:
             cursor = conn.cursor(row_factory=utc_row(ApiKey))
             await cursor.execute(
                 f"SELECT {_KEY} FROM api_keys WHERE (%(project)s::text IS NULL"
                 " OR project_id = %(project)s) AND (%(tenant)s::text IS NULL"
-                " OR starts_with(project_id, %(tenant)s || '/')) ORDER BY created_at, id",
-                {"project": project_id, "tenant": tenant_id},
+                f" OR starts_with(project_id, %(tenant)s || '/')) AND {past} ORDER BY {order}",
+                {"project": project_id, "tenant": tenant_id, **paging.params(page)},
             )
             return await cursor.fetchall()
 

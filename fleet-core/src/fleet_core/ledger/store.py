@@ -104,8 +104,6 @@ def _rollup(table: str, at: str) -> str:
     {_ADD.format(at=at)}"""
 
 
-
-
 def _diff(direction: str) -> str:
     """A request's relative difference, as migration 0016 and ``usage.store`` compute it."""
     engine, gateway = f"engine_{direction}_tokens", f"gw_{direction}_tokens"

@@ -12,7 +12,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from fleet_contract import encode_weights
-from fleet_core import web
+from fleet_core import paging, web
 from fleet_core.errors import RangeNotSatisfiable
 from fleet_core.registry.importing import UploadInterrupted
 from fleet_core.registry.service import RegistryService
@@ -36,7 +36,8 @@ class _Models:
         return web.json_response(await self.service.register(new), 201)
 
     async def list(self, request: Request) -> Response:
-        return web.json_response({"object": "list", "data": await self.service.list_models()})
+        page = paging.page(request.query_params, ["time", "text"])
+        return web.json_response(await self.service.list_models(page))
 
     async def get(self, request: Request) -> Response:
         return web.json_response(await self.service.get(request.path_params["model_id"]))

@@ -19,6 +19,7 @@ import aiohttp
 from psycopg_pool import AsyncConnectionPool
 
 from fleet_contract import ModelWeights, WeightFile
+from fleet_core import paging
 from fleet_core.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from fleet_core.inventory.store import InventoryStore
 from fleet_core.rates import pricing
@@ -199,8 +200,9 @@ class RegistryService:
             raise Conflict(f"model {model_id!r} already exists", param="id")
         return _model(record)
 
-    async def list_models(self) -> list[Model]:
-        return [_model(r) for r in await self.store.all()]
+    async def list_models(self, page: paging.Page) -> paging.Listing[Model]:
+        rows = [_model(r) for r in await self.store.page(page)]
+        return paging.listing(rows, page, lambda m: (m.created_at, m.id))
 
     async def get(self, model_id: str) -> Model:
         return _model(await self._record(model_id))

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core import paging
 from fleet_core.rates import pricing
 from fleet_core.registry.wire import ModelFacts, ModelStatus, Rates, Source, WeightFormat
 from fleet_core.storage.rows import utc_row
@@ -103,6 +104,10 @@ class ModelStore:
     async def all(self) -> list[ModelRecord]:
         return await self._many(f"{_SELECT} ORDER BY m.created_at, m.id", ())
 
+    async def page(self, page: paging.Page) -> list[ModelRecord]:
+        past, order = paging.keyset(["m.created_at", "m.id"], page)
+        return await self._many(f"{_SELECT} WHERE {past} ORDER BY {order}", paging.params(page))
+
     async def pulling(self) -> list[ModelRecord]:
         return await self._many(f"{_SELECT} WHERE m.status = 'Pulling' ORDER BY m.id", ())
 
@@ -170,7 +175,9 @@ class ModelStore:
                 (*params, model_id),
             )
 
-    async def _many(self, query: str, params: tuple[object, ...]) -> list[ModelRecord]:
+    async def _many(
+        self, query: str, params: tuple[object, ...] | dict[str, Any]
+    ) -> list[ModelRecord]:
         async with self._pool.connection() as conn:
             cursor = conn.cursor(row_factory=utc_row(_record))
             await cursor.execute(query.encode(), params)

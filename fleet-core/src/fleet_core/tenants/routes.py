@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from fleet_core import web
+from fleet_core import paging, web
 from fleet_core.auth import guard
 from fleet_core.tenants import wire
 from fleet_core.tenants.service import TenantService
@@ -25,10 +25,6 @@ _PROJECT_CREATE = msgspec.json.Decoder(wire.ProjectCreate)
 _PROJECT_PATCH = msgspec.json.Decoder(wire.ProjectPatch)
 
 
-def _listing(items: object) -> Response:
-    return web.json_response({"object": "list", "data": items})
-
-
 class _Tenants:
     def __init__(self, service: TenantService) -> None:
         self.service = service
@@ -38,7 +34,8 @@ class _Tenants:
         return web.json_response(await self.service.create_tenant(new), 201)
 
     async def list(self, request: Request) -> Response:
-        return _listing(await self.service.list_tenants())
+        page = paging.page(request.query_params, ["text"])
+        return web.json_response(await self.service.list_tenants(page))
 
     async def get(self, request: Request) -> Response:
         tenant_id = request.path_params["tenant_id"]
@@ -65,7 +62,8 @@ class _Projects:
 
     async def list(self, request: Request) -> Response:
         tenant_id = guard.tenant_scope(request, request.query_params.get("tenantId"))
-        return _listing(await self.service.list_projects(tenant_id=tenant_id))
+        page = paging.page(request.query_params, ["text"])
+        return web.json_response(await self.service.list_projects(page, tenant_id=tenant_id))
 
     async def get(self, request: Request) -> Response:
         project_id = request.path_params["project_id"]

@@ -16,6 +16,7 @@ import msgspec
 from msgspec import UNSET
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core import paging
 from fleet_core.errors import Conflict, InvalidRequest, NotFound
 from fleet_core.tenants.store import TenantStore, TenantTransaction
 from fleet_core.tenants.wire import (
@@ -106,9 +107,9 @@ class TenantService:
         async with self.store.transaction() as tx:
             return await tx.insert_tenant(new)
 
-    async def list_tenants(self) -> list[Tenant]:
+    async def list_tenants(self, page: paging.Page) -> paging.Listing[Tenant]:
         async with self.store.transaction() as tx:
-            return await tx.tenants()
+            return paging.listing(await tx.tenants(page), page, lambda t: (t.id,))
 
     async def get_tenant(self, tenant_id: str) -> Tenant:
         async with self.store.transaction() as tx:
@@ -139,11 +140,14 @@ class TenantService:
             check_fits(new.request_limit, new.token_limit, tenant)
             return await tx.insert_project(new)
 
-    async def list_projects(self, *, tenant_id: str | None = None) -> list[Project]:
+    async def list_projects(
+        self, page: paging.Page, *, tenant_id: str | None = None
+    ) -> paging.Listing[Project]:
         if tenant_id is not None and not valid_id(tenant_id):
-            return []  # no tenant can have that id
+            return paging.Listing(object="list", data=[])  # no tenant can have that id
         async with self.store.transaction() as tx:
-            return await tx.projects(tenant_id=tenant_id)
+            rows = await tx.projects(page, tenant_id=tenant_id)
+        return paging.listing(rows, page, lambda p: (p.id,))
 
     async def get_project(self, project_id: str) -> Project:
         async with self.store.transaction() as tx:

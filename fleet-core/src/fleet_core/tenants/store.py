@@ -16,6 +16,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core import paging
 from fleet_core.errors import Conflict, InvalidRequest
 from fleet_core.storage.rows import utc_row
 from fleet_core.tenants.wire import Project, ProjectCreate, Tenant, TenantCreate
@@ -52,9 +53,12 @@ class TenantTransaction:
         cursor = self._conn.cursor(row_factory=utc_row(Tenant))
         return await (await cursor.execute(query, (tenant_id,))).fetchone()
 
-    async def tenants(self) -> list[Tenant]:
+    async def tenants(self, page: paging.Page) -> list[Tenant]:
+        """One page of tenants by id (`paging.keyset`: one row past the page)."""
+        past, order = paging.keyset(["id"], page)
         cursor = self._conn.cursor(row_factory=utc_row(Tenant))
-        return await (await cursor.execute(f"SELECT {_TENANT} FROM tenants ORDER BY id")).fetchall()
+        query = f"SELECT {_TENANT} FROM tenants WHERE {past} ORDER BY {order}"
+        return await (await cursor.execute(query, paging.params(page))).fetchall()
 
     async def insert_tenant(self, new: TenantCreate) -> Tenant:
         cursor = self._conn.cursor(row_factory=utc_row(Tenant))
@@ -99,12 +103,15 @@ class TenantTransaction:
         cursor = self._conn.cursor(row_factory=utc_row(Project))
         return await (await cursor.execute(query, (project_id,))).fetchone()
 
-    async def projects(self, *, tenant_id: str | None = None) -> list[Project]:
+    async def projects(
+        self, page: paging.Page | None = None, *, tenant_id: str | None = None
+    ) -> list[Project]:
+        past, order = paging.keyset(["id"], page)
         cursor = self._conn.cursor(row_factory=utc_row(Project))
         await cursor.execute(
-            f"SELECT {_PROJECT} FROM projects WHERE %(tenant)s::text IS NULL"
-            " OR tenant_id = %(tenant)s ORDER BY id",
-            {"tenant": tenant_id},
+            f"SELECT {_PROJECT} FROM projects WHERE (%(tenant)s::text IS NULL"
+            f" OR tenant_id = %(tenant)s) AND {past} ORDER BY {order}",
+            {"tenant": tenant_id, **paging.params(page)},
         )
         return await cursor.fetchall()
 
