@@ -158,7 +158,7 @@ def _fixed() -> list[UsageRecord]:
 
 def _backfill() -> bytes:
     (text,) = (m.sql for m in migrations.available() if m.version == 16)
-    return text[text.index("INSERT INTO agreement_hour") :].encode()
+    return text[text.index("INSERT INTO agreement_hour") : text.index("-- Lists")].encode()
 
 
 @pytest.mark.parametrize(

@@ -55,3 +55,10 @@ SELECT model, date_trunc('hour', done_at, 'UTC'), 'completion',
            / greatest(engine_completion_tokens, 1)),
        count(*)
 FROM ledger WHERE outcome <> 'refused' AND engine_completion_tokens IS NOT NULL GROUP BY 1, 2, 4;
+
+-- Lists page on the server by keyset (issue 18): an index per list's order, so a deep page
+-- costs as little as the first. (Tenants and projects page by their primary key; cost rates by
+-- their unique (cluster_id, effective_from).)
+CREATE INDEX api_keys_created ON api_keys (created_at, id);
+CREATE INDEX registry_models_created ON registry_models (created_at, id);
+CREATE INDEX service_credentials_created ON service_credentials (created_at, id);
