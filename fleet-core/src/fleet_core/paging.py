@@ -66,17 +66,17 @@ class Listing(msgspec.Struct, Generic[T], frozen=True, kw_only=True, omit_defaul
     that fits one page keeps the shape it had before pagination."""
 
 
-def page(query: QueryParams, kinds: Sequence[Kind]) -> Page:
+def page(query: QueryParams, kinds: Sequence[Kind], *, most: int = MAX_LIMIT) -> Page:
     """The page a query asks for, or a 400 naming ``limit`` or ``after``."""
     after = _after(query.get("after"), kinds)
-    return Page(limit=_limit(query.get("limit")), after=after, kinds=tuple(kinds))
+    return Page(limit=_limit(query.get("limit"), most), after=after, kinds=tuple(kinds))
 
 
-def _limit(raw: str | None) -> int:
+def _limit(raw: str | None, most: int) -> int:
     if raw is None or raw == "":
-        return DEFAULT_LIMIT
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 6 or not 0 < int(raw) <= MAX_LIMIT:
-        raise InvalidRequest(f"limit must be an integer from 1 to {MAX_LIMIT}", param="limit")
+        return min(DEFAULT_LIMIT, most)
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 6 or not 0 < int(raw) <= most:
+        raise InvalidRequest(f"limit must be an integer from 1 to {most}", param="limit")
     return int(raw)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from starlette.requests import ClientDisconnect, Request
@@ -12,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fleet_core import web
+from fleet_core import paging, web
 from fleet_core.admission.keys import Principal
 from fleet_core.admission.service import Admission
 from fleet_core.errors import FleetError, InvalidRequest, PayloadTooLarge
@@ -22,7 +23,7 @@ from fleet_core.gateway.service import PATHS, ClientLeft, Exchange, GatewayServi
 from fleet_core.gateway.viewers import Viewers
 from fleet_core.gateway.wire import Kind, parse_request
 from fleet_core.metering.metrics import GatewayMetrics
-from fleet_core.metering.records import RingSink
+from fleet_core.metering.records import RingSink, UsageRecord
 
 __all__ = ["error_response", "gateway_routes", "read_body", "receive_body"]
 
@@ -189,18 +190,26 @@ class _Endpoints:
     async def requests(self, request: Request) -> Response:
         """Recent usage records; a tenant's key sees its own tenant's only."""
         viewer = await self._reader(request)
-        raw = request.query_params.get("limit", "100")
-        if not raw.isdigit():
-            raise InvalidRequest("limit must be a non-negative integer", param="limit")
-        records = self.ring.recent(1000)
+        page = paging.page(request.query_params, ["time", "text"], most=RECENT)
+        records = self.ring.recent(RECENT)
         if viewer is not None:
             records = [r for r in records if r.tenant == viewer.tenant]
-        return web.json_response({"object": "list", "data": records[: min(int(raw), 1000)]})
+        rows = paging.window(records, page, _newest, descending=True)
+        return web.json_response(paging.listing(rows, page, _newest))
 
     async def prometheus(self, request: Request) -> Response:
         await self.viewers.require(request.headers.get("authorization"))
         body, content_type = self.metrics.render(request.headers.get("accept"))
         return Response(body, headers={"Content-Type": content_type})
+
+
+RECENT = 1000
+"""The most records ``/api/v1/requests`` looks at (and its largest page)."""
+
+
+def _newest(record: UsageRecord) -> tuple[datetime, str]:
+    """The log's order, newest first: when a request was done, then its id."""
+    return datetime.fromtimestamp(record.done_at, UTC), record.request_id
 
 
 class _Answer:
