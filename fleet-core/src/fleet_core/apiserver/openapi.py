@@ -18,6 +18,7 @@ import msgspec
 from starlette.routing import BaseRoute, Route
 
 import fleet_contract
+from fleet_core import paging
 from fleet_core.auth import wire as auth
 from fleet_core.budgets import wire as budgets
 from fleet_core.costs import wire as costs
@@ -68,6 +69,22 @@ class Operation:
     """Another type (``application/octet-stream``) is a body of bytes, with no ``response``."""
     uploads_bytes: bool = False
     """The request body is raw bytes (``application/octet-stream``), not JSON."""
+    paged: bool = False
+    """A keyset-paged list (``fleet_core.paging``): ``limit`` and ``after`` in the query,
+    ``next`` in the body while more rows follow."""
+
+
+def _one(
+    path: str, kind: Any, patch: Any, words: tuple[str, str, str]
+) -> dict[tuple[str, str], Operation]:
+    """Read, change and delete one tenant or project: the same three operations for both.
+    ``words``: the noun, then the summaries of the change and of the delete."""
+    noun, changes, deletes = words
+    return {
+        ("GET", path): Operation(f"Read a {noun}", response=kind, errors=(404,)),
+        ("PATCH", path): Operation(changes, body=patch, response=kind, errors=(400, 404)),
+        ("DELETE", path): Operation(deletes, response=tenants.Deleted, errors=(404, 409)),
+    }
 
 
 _TENANT = "/api/v1/tenants/{tenant_id}"
@@ -76,6 +93,17 @@ _PROJECT = "/api/v1/projects/{project_id}"
 _RULE = "/api/v1/budget-rules/{rule_id}"
 _PERIOD = "/api/v1/cost-periods/{period}"
 _MODEL = "/api/v1/models/{model_id}"
+
+_TENANT_WORDS = (
+    "tenant",
+    "Change a tenant's name, limits or active flag (null clears a limit)",
+    "Delete a tenant with its projects, keys and rules; 409 once usage was billed",
+)
+_PROJECT_WORDS = (
+    "project",
+    "Change a project's limits or active flag",
+    "Delete a project with its keys and rules; 409 once usage was billed",
+)
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", OPENAPI_PATH): Operation("This document", response=dict[str, Any]),
@@ -90,7 +118,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(400,),
     ),
     ("GET", "/api/v1/credentials"): Operation(
-        "List service credentials (never their secrets)", response=list[auth.Credential]
+        "List service credentials by creation (never their secrets)",
+        response=list[auth.Credential],
+        paged=True,
     ),
     ("DELETE", "/api/v1/credentials/{credential_id}"): Operation(
         "Revoke a service credential", response=auth.Credential, errors=(404,)
@@ -130,19 +160,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         status=201,
         errors=(400, 409),
     ),
-    ("GET", "/api/v1/tenants"): Operation("List tenants", response=list[tenants.Tenant]),
-    ("GET", _TENANT): Operation("Read a tenant", response=tenants.Tenant, errors=(404,)),
-    ("PATCH", _TENANT): Operation(
-        "Change a tenant's name, limits or active flag (null clears a limit)",
-        body=tenants.TenantPatch,
-        response=tenants.Tenant,
-        errors=(400, 404),
+    ("GET", "/api/v1/tenants"): Operation(
+        "List tenants by id", response=list[tenants.Tenant], paged=True
     ),
-    ("DELETE", _TENANT): Operation(
-        "Delete a tenant with its projects, keys and rules; 409 once usage was billed",
-        response=tenants.Deleted,
-        errors=(404, 409),
-    ),
+    **_one(_TENANT, tenants.Tenant, tenants.TenantPatch, _TENANT_WORDS),
     ("POST", "/api/v1/projects"): Operation(
         "Create a project (id tenant/name); its limits may not exceed its tenant's",
         body=tenants.ProjectCreate,
@@ -151,20 +172,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(400, 409),
     ),
     ("GET", "/api/v1/projects"): Operation(
-        "List projects", response=list[tenants.Project], query=("tenantId",)
+        "List projects by id", response=list[tenants.Project], query=("tenantId",), paged=True
     ),
-    ("GET", _PROJECT): Operation("Read a project", response=tenants.Project, errors=(404,)),
-    ("PATCH", _PROJECT): Operation(
-        "Change a project's limits or active flag",
-        body=tenants.ProjectPatch,
-        response=tenants.Project,
-        errors=(400, 404),
-    ),
-    ("DELETE", _PROJECT): Operation(
-        "Delete a project with its keys and rules; 409 once usage was billed",
-        response=tenants.Deleted,
-        errors=(404, 409),
-    ),
+    **_one(_PROJECT, tenants.Project, tenants.ProjectPatch, _PROJECT_WORDS),
     ("POST", "/api/v1/keys"): Operation(
         "Issue a key: the secret is in this response only",
         body=keys.KeyCreate,
@@ -173,7 +183,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(400,),
     ),
     ("GET", "/api/v1/keys"): Operation(
-        "List keys (never their secrets)", response=list[keys.ApiKey], query=("projectId",)
+        "List keys by creation (never their secrets)",
+        response=list[keys.ApiKey],
+        query=("projectId",),
+        paged=True,
     ),
     ("DELETE", "/api/v1/keys/{key_id}"): Operation(
         "Revoke a key", response=keys.ApiKey, errors=(404,)
@@ -230,10 +243,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(400, 409),
     ),
     ("GET", "/api/v1/cost-rates"): Operation(
-        "List cost rates", response=list[costs.CostRate], query=("cluster",)
+        "List cost rates by cluster and start",
+        response=list[costs.CostRate],
+        query=("cluster",),
+        paged=True,
     ),
     ("GET", "/api/v1/cost-periods"): Operation(
-        "List closed months", response=list[costs.CostPeriodSummary]
+        "List closed months, oldest first", response=list[costs.CostPeriodSummary], paged=True
     ),
     ("GET", _PERIOD): Operation(
         "A closed month's report (YYYY-MM; Accept: text/csv or ?format=csv for CSV)",
@@ -260,7 +276,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         status=201,
         errors=(400, 409),
     ),
-    ("GET", "/api/v1/models"): Operation("List registry models", response=list[registry.Model]),
+    ("GET", "/api/v1/models"): Operation(
+        "List registry models by registration", response=list[registry.Model], paged=True
+    ),
     ("GET", _MODEL): Operation(
         "Read a model: status with reason, facts once Ready, unit rates",
         response=registry.Model,
@@ -395,7 +413,7 @@ def _operation(
     doc: dict[str, Any] = {
         "operationId": _operation_id(method, path),
         "summary": operation.summary,
-        "parameters": _parameters(path, operation.query),
+        "parameters": _parameters(path, operation.query, paged=operation.paged),
         "responses": {
             str(operation.status): _success(operation, schema_of),
             **{str(s): _json(_ERRORS[s], schema_of[ErrorEnvelope]) for s in sorted(errors)},
@@ -416,30 +434,49 @@ def _operation(
 def _success(operation: Operation, schema_of: dict[Any, Any]) -> dict[str, Any]:
     if operation.media_type != "application/json":
         return {"description": "Success", "content": {operation.media_type: {}}}
-    return _json("Success", _body(operation.response, schema_of))
+    return _json("Success", _body(operation, schema_of))
 
 
-def _body(response: Any, schema_of: dict[Any, Any]) -> dict[str, Any]:
-    schema: dict[str, Any] = schema_of[response]
+def _body(operation: Operation, schema_of: dict[Any, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = schema_of[operation.response]
     if schema.get("type") != "array":
         return schema
-    return {
-        "type": "object",
-        "required": ["object", "data"],
-        "properties": {"object": {"const": "list"}, "data": schema},
-    }
+    properties: dict[str, Any] = {"object": {"const": "list"}, "data": schema}
+    if operation.paged:
+        properties["next"] = {
+            "type": "string",
+            "description": "The next page's cursor (pass it as after); absent on the last page",
+        }
+    return {"type": "object", "required": ["object", "data"], "properties": properties}
 
 
 def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _parameters(path: str, query: tuple[str, ...]) -> list[dict[str, Any]]:
+def _parameters(path: str, query: tuple[str, ...], *, paged: bool) -> list[dict[str, Any]]:
     names = re.findall(r"\{(\w+)\}", path)
     params = [
         {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names
     ]
-    return params + [{"name": q, "in": "query", "schema": {"type": "string"}} for q in query]
+    params += [{"name": q, "in": "query", "schema": {"type": "string"}} for q in query]
+    return params + (_PAGE_PARAMETERS if paged else [])
+
+
+_PAGE_PARAMETERS: list[dict[str, Any]] = [
+    {
+        "name": "limit",
+        "in": "query",
+        "description": f"Rows per page (default {paging.DEFAULT_LIMIT})",
+        "schema": {"type": "integer", "minimum": 1, "maximum": paging.MAX_LIMIT},
+    },
+    {
+        "name": "after",
+        "in": "query",
+        "description": "The previous page's next cursor",
+        "schema": {"type": "string"},
+    },
+]
 
 
 def _operation_id(method: str, path: str) -> str:
