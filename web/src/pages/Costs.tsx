@@ -1,9 +1,9 @@
 import { useState } from "react";
 import { Alert, App, Button, Card, Descriptions, Form, Input, Space, Table, Tag, Typography } from "antd";
-import { api, ApiError, raw, type List } from "../lib/api";
+import { api, ApiError, raw } from "../lib/api";
 import { canWrite } from "../lib/access";
 import { gpuHours, money, percent, previousMonth, toMicro } from "../lib/format";
-import { useLoad } from "../lib/useLoad";
+import { Pager, usePaged } from "../lib/usePaged";
 import { useSession } from "../session";
 
 interface Rate {
@@ -122,8 +122,8 @@ export default function Costs() {
   const { token, who } = useSession();
   const { message, modal } = App.useApp();
   const writer = canWrite(who, "costs");
-  const rates = useLoad(() => api<List<Rate>>("/api/v1/cost-rates", { token }), [token]);
-  const periods = useLoad(() => api<List<Summary>>("/api/v1/cost-periods", { token }), [token]);
+  const rates = usePaged<Rate>("/api/v1/cost-rates", token);
+  const periods = usePaged<Summary>("/api/v1/cost-periods", token);
   const [month, setMonth] = useState(previousMonth(new Date()));
   const [report, setReport] = useState<Report>();
   const [refusal, setRefusal] = useState<ApiError>();
@@ -181,12 +181,13 @@ export default function Costs() {
             <Button htmlType="submit">Add rate</Button>
           </Form>
         )}
-        <Table data-testid="rates" rowKey="id" size="small" dataSource={rates.data?.data ?? []} pagination={false}
+        <Table data-testid="rates" rowKey="id" size="small" dataSource={rates.rows} pagination={false}
           columns={[
             { title: "Cluster", dataIndex: "cluster" },
             { title: "Per GPU-hour", render: (_, r) => money(r.gpuHourMicro, r.currency) },
             { title: "From", dataIndex: "effectiveFrom", render: (t: string | null) => (t ? new Date(t).toLocaleString() : "always") },
           ]} />
+        <Pager list={rates} testId="rates-pager" />
       </Card>
       <Card title="Close a month">
         <Space>
@@ -201,7 +202,7 @@ export default function Costs() {
       </Card>
       <Card title="Closed months">
         {periods.error && <Alert type="error" showIcon message={periods.error} />}
-        <Table data-testid="periods" rowKey="period" size="small" dataSource={periods.data?.data ?? []} pagination={false}
+        <Table data-testid="periods" rowKey="period" size="small" dataSource={periods.rows} pagination={false}
           columns={[
             { title: "Month", dataIndex: "period", render: (p: string) => <a onClick={() => void open(p)}>{p}</a> },
             { title: "Pool", render: (_, s) => money(s.pool, s.currency) },
@@ -210,6 +211,7 @@ export default function Costs() {
             { title: "Coverage", render: (_, s) => <>{percent(s.coverage)} {s.forced && <Tag color="orange">forced</Tag>}</> },
             { title: "Closed", dataIndex: "closedAt", render: (t: string) => new Date(t).toLocaleString() },
           ]} />
+        <Pager list={periods} testId="periods-pager" />
       </Card>
       {report && <ReportView report={report} />}
     </Space>

@@ -1,9 +1,9 @@
 import { useEffect, useRef, useState } from "react";
 import { Alert, App, Button, Card, Form, Input, Popconfirm, Progress, Space, Table, Tag, Typography } from "antd";
-import { api, raw, type List } from "../lib/api";
+import { api, raw } from "../lib/api";
 import { bytes } from "../lib/format";
 import { readEvents } from "../lib/sse";
-import { useLoad } from "../lib/useLoad";
+import { Pager, usePaged } from "../lib/usePaged";
 import { useSession } from "../session";
 
 interface WeightFile {
@@ -107,7 +107,7 @@ function PullCell({ model, onChange }: { model: Model; onChange: () => void }) {
 
 export default function Models() {
   const { token } = useSession();
-  const list = useLoad(() => api<List<Model>>("/api/v1/models", { token }), [token]);
+  const list = usePaged<Model>("/api/v1/models", token);
   const [form] = Form.useForm();
   const [error, setError] = useState<string>();
 
@@ -144,7 +144,8 @@ export default function Models() {
         data-testid="models"
         rowKey="id"
         loading={list.loading && !list.data}
-        dataSource={list.data?.data ?? []}
+        dataSource={list.rows}
+        pagination={false}
         expandable={{
           rowExpandable: (m) => Boolean(m.facts?.files.length),
           expandedRowRender: (m) => (
@@ -179,6 +180,7 @@ export default function Models() {
           { title: "Pull", render: (_, m) => <PullCell model={m} onChange={list.reload} /> },
         ]}
       />
+      <Pager list={list} testId="models-pager" />
     </Space>
   );
 }

@@ -1,0 +1,43 @@
+// Lists page on the server (issue 18): a page is `limit` rows after a cursor, and a response
+// carries `next` while more rows follow (fleet_core/paging.py). The console keeps the cursors
+// of the pages it has passed, so "previous" goes back without offsets.
+
+export interface Page<T> {
+  object: "list";
+  data: T[];
+  next?: string;
+}
+
+/** `path` asking for `limit` rows after `after` (the first page without it). */
+export function pagePath(path: string, after: string | undefined, limit: number): string {
+  const [base, query = ""] = path.split("?", 2);
+  const params = new URLSearchParams(query);
+  params.set("limit", String(limit));
+  if (after) params.set("after", after);
+  else params.delete("after");
+  return `${base}?${params.toString()}`;
+}
+
+/** Where a client is in a list: the cursors of the pages before the current one, and its own. */
+export interface Position {
+  before: (string | undefined)[];
+  after: string | undefined;
+}
+
+export const FIRST: Position = { before: [], after: undefined };
+
+/** One page on, to the page that starts after `next`. */
+export function forward(at: Position, next: string): Position {
+  return { before: [...at.before, at.after], after: next };
+}
+
+/** One page back (the first page stays the first). */
+export function back(at: Position): Position {
+  if (at.before.length === 0) return FIRST;
+  return { before: at.before.slice(0, -1), after: at.before[at.before.length - 1] };
+}
+
+/** The 1-based number of the page at `at`. */
+export function pageNumber(at: Position): number {
+  return at.before.length + 1;
+}
