@@ -3,6 +3,7 @@ import { Alert, App, Button, Card, Form, Input, InputNumber, Modal, Popconfirm, 
 import { api, type List } from "../lib/api";
 import { canWrite } from "../lib/access";
 import { useLoad, type Loaded } from "../lib/useLoad";
+import { Pager, usePaged } from "../lib/usePaged";
 import { useSession } from "../session";
 import { CreateRule, EditLimits, RuleActions, type Rule } from "./TenantsEditing";
 
@@ -68,9 +69,10 @@ export default function Tenants() {
   const { token, who } = session;
   const { message } = App.useApp();
   const admin = canWrite(who, "tenants");
-  const tenants = useList<Tenant>(who.role === "tenant" ? `/api/v1/tenants/${who.tenantId}` : "/api/v1/tenants");
-  const projects = useList<Project>("/api/v1/projects");
-  const keys = useList<ApiKey>("/api/v1/keys");
+  // tenants, projects and keys page on the server (a tenant's key reads its one tenant)
+  const tenants = usePaged<Tenant>(who.role === "tenant" ? `/api/v1/tenants/${who.tenantId}` : "/api/v1/tenants", token);
+  const projects = usePaged<Project>("/api/v1/projects", token);
+  const keys = usePaged<ApiKey>("/api/v1/keys", token);
   const rules = useList<Rule>("/api/v1/budget-rules");
   const [issued, setIssued] = useState<ApiKey>();
   const tenantRows: Tenant[] = tenants.data ? ("data" in tenants.data ? tenants.data.data : [tenants.data as unknown as Tenant]) : [];
@@ -108,7 +110,7 @@ export default function Tenants() {
                     <Button htmlType="submit" type="primary" data-testid="create-tenant">Create tenant</Button>
                   </Form>
                 )}
-                <Table data-testid="tenants" rowKey="id" size="small" dataSource={tenantRows} loading={tenants.loading && !tenants.data}
+                <Table data-testid="tenants" rowKey="id" size="small" pagination={false} dataSource={tenantRows} loading={tenants.loading && !tenants.data}
                   columns={[
                     { title: "Tenant", dataIndex: "id" },
                     { title: "Name", dataIndex: "name" },
@@ -117,6 +119,7 @@ export default function Tenants() {
                     { title: "State", dataIndex: "active", render: (a: boolean) => <Tag color={a ? "green" : "default"}>{a ? "active" : "suspended"}</Tag> },
                     ...(admin ? [{ title: "", render: (_: unknown, t: Tenant) => <EditLimits what="tenants" row={t} onDone={tenants.reload} /> }] : []),
                   ]} />
+                <Pager list={tenants} testId="tenants-pager" />
               </Card>
             ),
           },
@@ -134,7 +137,7 @@ export default function Tenants() {
                     <Button htmlType="submit" type="primary">Create project</Button>
                   </Form>
                 )}
-                <Table rowKey="id" size="small" dataSource={projects.data?.data ?? []}
+                <Table rowKey="id" size="small" pagination={false} dataSource={projects.rows}
                   columns={[
                     { title: "Project", dataIndex: "id" },
                     { title: "Requests/min", dataIndex: "requestLimit", render: (v) => v ?? "–" },
@@ -142,6 +145,7 @@ export default function Tenants() {
                     { title: "State", dataIndex: "active", render: (a: boolean) => <Tag color={a ? "green" : "default"}>{a ? "active" : "suspended"}</Tag> },
                     ...(admin ? [{ title: "", render: (_: unknown, p: Project) => <EditLimits what="projects" row={p} onDone={projects.reload} /> }] : []),
                   ]} />
+                <Pager list={projects} testId="projects-pager" />
               </Card>
             ),
           },
@@ -163,7 +167,7 @@ export default function Tenants() {
                     <Button htmlType="submit" type="primary" data-testid="create-key">Create key</Button>
                   </Form>
                 )}
-                <Table data-testid="keys" rowKey="id" size="small" dataSource={keys.data?.data ?? []}
+                <Table data-testid="keys" rowKey="id" size="small" pagination={false} dataSource={keys.rows}
                   columns={[
                     { title: "Key", dataIndex: "prefix", render: (p: string) => <Typography.Text code>{p}…</Typography.Text> },
                     { title: "Project", dataIndex: "projectId" },
@@ -180,6 +184,7 @@ export default function Tenants() {
                         ),
                     },
                   ]} />
+                <Pager list={keys} testId="keys-pager" />
               </Card>
             ),
           },
