@@ -4,6 +4,7 @@ import { api, type List } from "../lib/api";
 import { fleetRows, inFlight, kv, slots, type Pool, type Row as FleetRow } from "../lib/fleet";
 import { millis } from "../lib/format";
 import { useLoad } from "../lib/useLoad";
+import { Pager, usePaged } from "../lib/usePaged";
 import { useSession } from "../session";
 
 interface Health {
@@ -38,6 +39,7 @@ export default function Fleet() {
   const health = useLoad(() => api<Health>("/health", { token }), [token], 3000);
   const log = useLoad(() => api<List<RecordRow>>("/api/v1/requests?limit=200", { token }), [token], 3000);
   const records = log.data?.data ?? [];
+  const table = usePaged<RecordRow>("/api/v1/requests", token, 20, 3000); // the log, newest first, paged by the gateway
   const now = Date.now() / 1000;
   const recent = records.filter((r) => now - r.doneAt <= WINDOW_S);
   const errors = recent.filter((r) => r.status >= 400).length;
@@ -117,9 +119,9 @@ export default function Fleet() {
         <Table
           data-testid="requests"
           rowKey="requestId"
-          dataSource={[...records].reverse()}
+          dataSource={table.rows}
           size="small"
-          pagination={{ pageSize: 20 }}
+          pagination={false}
           columns={[
             { title: "Time", dataIndex: "receivedAt", render: (t: number) => new Date(t * 1000).toLocaleTimeString() },
             { title: "Tenant", render: (_, r) => (r.tenant ? `${r.tenant}${r.project ? "/" + r.project : ""}` : "–") },
@@ -136,6 +138,7 @@ export default function Fleet() {
             { title: "Latency", render: (_, r) => millis((r.doneAt - r.receivedAt) * 1000) },
           ]}
         />
+        <Pager list={table} testId="requests-pager" />
       </Card>
     </Space>
   );
