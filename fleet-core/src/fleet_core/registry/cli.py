@@ -21,7 +21,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,23 @@ DEFAULT_API = "http://127.0.0.1:8081"
 TERMINAL = ("Ready", "Failed", "Cancelled", "Registered")
 
 
+async def _models(api: Api) -> AsyncIterator[dict[str, Any]]:
+    """Every registered model, following the list's pages (``next``, fleet_core.paging)."""
+    path = "/api/v1/models?limit=500"
+    while True:
+        page = await api.call("GET", path)
+        for model in page["data"]:
+            yield model
+        if not page.get("next"):
+            return
+        path = f"/api/v1/models?limit=500&after={page['next']}"
+
+
 async def _resolve(api: Api, target: str, model_format: str | None) -> str:
     """The model id for ``target``: an id, or an hf:// URI registered here when needed."""
     if not target.startswith("hf://"):
         return target
-    models = (await api.call("GET", "/api/v1/models"))["data"]
-    for model in models:
+    async for model in _models(api):
         if model["source"].get("uri") == target:
             return str(model["id"])
     body: dict[str, Any] = {"source": {"uri": target}}
@@ -125,7 +136,7 @@ async def _import(api: Api, args: argparse.Namespace, console: Console) -> int:
 
 async def _list(api: Api, console: Console) -> int:
     table = Table("ID", "STATUS", "FORMAT", "SIZE", "SOURCE", "REASON")
-    for model in (await api.call("GET", "/api/v1/models"))["data"]:
+    async for model in _models(api):
         facts = model.get("facts") or {}
         source = model["source"]
         where = _where(source)
