@@ -155,6 +155,44 @@ def _serve(url: str, token: str) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("the control plane did not start")
 
 
+# The usage agreement as it was computed before migration 0016: every raw ledger row of the day.
+_RAW_AGREEMENT = """
+SELECT model, count(*), count(engine_prompt_tokens), avg(p),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY abs(p)), avg(c),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY abs(c)), array_agg(DISTINCT count_method)
+FROM (SELECT *, (gw_prompt_tokens - engine_prompt_tokens)::float8
+                / greatest(engine_prompt_tokens, 1) AS p,
+                (gw_completion_tokens - engine_completion_tokens)::float8
+                / greatest(engine_completion_tokens, 1) AS c FROM ledger
+      WHERE done_at >= '2026-09-15T00:00:00Z' AND done_at < '2026-09-16T00:00:00Z'
+        AND outcome <> 'refused') AS day
+GROUP BY model
+"""
+
+
+def _agreement_before_after(base: str, token: str, url: str) -> dict[str, tuple[float, float]]:
+    """The agreement from its rollups (HTTP) and from raw rows (SQL only, no HTTP), interleaved
+    call by call, so the machine's load weighs on both alike."""
+    took: dict[str, list[float]] = {"rollups": [], "raw": []}
+    auth = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=base, headers=auth) as http, psycopg.connect(url) as conn:
+        for _ in range(CALLS + 1):
+            began = time.perf_counter()
+            assert http.get(f"/api/v1/usage-agreement?{DAY}", timeout=60).status_code == 200
+            took["rollups"].append((time.perf_counter() - began) * 1000)
+            began = time.perf_counter()
+            conn.execute(_RAW_AGREEMENT).fetchall()
+            took["raw"].append((time.perf_counter() - began) * 1000)
+    return {
+        "usage agreement, one day, from rollups (interleaved)": _cuts(took["rollups"][1:]),
+        "usage agreement, one day, from raw rows as before 0016 (SQL only)": _cuts(took["raw"][1:]),
+    }
+
+
+def _cuts(took: list[float]) -> tuple[float, float]:
+    return statistics.median(took), statistics.quantiles(took, n=20)[18]
+
+
 def _deep_pages(url: str) -> list[tuple[str, str]]:
     """Each growing list's page from its middle row on (a keyset page costs what the first does)."""
     calls = []
@@ -180,8 +218,7 @@ def _time_calls(
                 response = http.get(path, timeout=60)
                 took.append((time.perf_counter() - began) * 1000)
                 assert response.status_code == 200, (path, response.text)
-            cuts = statistics.quantiles(took, n=20)
-            figures[name] = (statistics.median(took), cuts[18])
+            figures[name] = _cuts(took)
     return figures
 
 
@@ -196,10 +233,12 @@ def run(rows: int = ROWS) -> dict[str, object]:
         process, base = _serve(url, token)
         try:
             calls = _time_calls(base, token, [*CONSOLE_CALLS, *_deep_pages(url)])
+            calls |= _agreement_before_after(base, token, url)
+            load = os.getloadavg()[0]
         finally:
             process.terminate()
             process.wait(timeout=30)
-    return {"rows": rows, "rollups": rollups, "seed_s": seed_s, "calls": calls}
+    return {"rows": rows, "rollups": rollups, "seed_s": seed_s, "calls": calls, "load": load}
 
 
 def report(figures: dict[str, object]) -> list[str]:
@@ -229,7 +268,8 @@ def report(figures: dict[str, object]) -> list[str]:
         " and raw ledger rows only for partial edge hours. Lists page by keyset on an index,"
         " so a deep page costs what the first does."
     )
-    return [*lines, "", note, ""]
+    load = f" Load average {float(str(figures['load'])):.1f} on the 2 cores after the timed calls."
+    return [*lines, "", note + load, ""]
 
 
 if __name__ == "__main__":
