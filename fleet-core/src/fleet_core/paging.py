@@ -42,9 +42,9 @@ __all__ = [
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
 _MAX_CURSOR = 1024
-Kind = Literal["text", "time"]
-"""A key column's type: text, or a timestamp (ISO-8601 in the cursor, timestamptz in SQL;
-``-infinity`` too, which a cost rate's ``effective_from`` may hold)."""
+Kind = Literal["text", "time", "start"]
+"""A key column's type: text, a timestamp (ISO-8601 in the cursor, timestamptz in SQL), or a
+start that may be ``-infinity`` (a cost rate's ``effective_from``; SQL lists only)."""
 _NEVER = "-infinity"
 T = TypeVar("T")
 _CURSOR = msgspec.json.Decoder(list[str])
@@ -97,7 +97,7 @@ def _after(raw: str | None, kinds: Sequence[Kind]) -> tuple[str | datetime, ...]
 def _typed(value: str, kind: Kind) -> str | datetime:
     if "\x00" in value:  # Postgres text cannot hold NUL
         raise ValueError("NUL")
-    if kind == "text" or value == _NEVER:
+    if kind == "text" or (kind == "start" and value == _NEVER):
         return value
     when = datetime.fromisoformat(value)
     if when.tzinfo is None:
@@ -123,7 +123,7 @@ def keyset(
     limit = f" LIMIT {int(page.limit) + 1}"
     if page.after is None:
         return "TRUE", order + limit
-    casts = ["::timestamptz" if kind == "time" else "::text" for kind in page.kinds]
+    casts = ["::text" if kind == "text" else "::timestamptz" for kind in page.kinds]
     names = ", ".join(f"%(after_{i})s{cast}" for i, cast in enumerate(casts))
     return f"({', '.join(columns)}) {'<' if descending else '>'} ({names})", order + limit
 

@@ -125,6 +125,7 @@ BAD = [
     ("after", "not-a-cursor"),
     ("after", paging.cursor(["a", "b", "c"])),  # the wrong shape for every list here
     ("after", paging.cursor(["2026-13-45T00:00:00Z", "k"])),
+    ("after", paging.cursor(["-infinity", "k"])),  # keys, models, credentials: not a time
     ("after", paging.cursor(["x\x00y"])),
     ("after", _cursor({"id": 1})),
     ("after", "a" * 5000),

@@ -28,7 +28,7 @@ class _Costs:
         return web.json_response(await self.service.create_rate(new), 201)
 
     async def list_rates(self, request: Request) -> Response:
-        page = paging.page(request.query_params, ["text", "time"])
+        page = paging.page(request.query_params, ["text", "start"])
         return web.json_response(
             await self.service.list_rates(request.query_params.get("cluster"), page)
         )
