@@ -1,13 +1,13 @@
 """Memory and growth (issue 21): the gateway under a long mixed load must come back to where it was.
 
-``FLEET_BENCH_ONLY=soak``: a gateway process (as shipped: one worker, the default server) in front of the
-stub engine takes ``FLEET_BENCH_SOAK_S`` seconds (default 1800) of bounded load from a client in
-its own process — 16 connections, each request chosen at random: non-stream (50%), a whole stream
-(35%), or a stream the client leaves after its first frame (15%). Before and after, the load stops
-and the gateway idles past the engine pool's keep-alive; then its RSS, open file descriptors, TCP
-connections and the ``fleet_requests_in_flight`` gauge are read. Targets: RSS growth <= 10%,
-in flight back to 0, descriptors and connections back to the baseline. RSS is also sampled during
-the run, to show a trend rather than two points.
+``FLEET_BENCH_ONLY=soak``: a gateway process (as shipped: one worker, the default server) in front
+of the stub engine takes ``FLEET_BENCH_SOAK_S`` seconds (default 1800) of bounded load from a
+client in its own process — 16 connections, each request chosen at random: non-stream (50%), a
+whole stream (35%), or a stream the client leaves after its first frame (15%). Before and after,
+the load stops and the gateway idles past the engine pool's keep-alive; then its RSS, open file
+descriptors, TCP connections and the ``fleet_requests_in_flight`` gauge are read. Targets: RSS
+growth <= 10%, in flight back to 0, descriptors and connections back to the baseline. RSS is also
+sampled during the run, to show a trend rather than two points.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from fleet_core import paging, web
 from fleet_core.admission.keys import Principal
 from fleet_core.admission.service import Admission
-from fleet_core.errors import FleetError, InvalidRequest, PayloadTooLarge
+from fleet_core.errors import FleetError, PayloadTooLarge
 from fleet_core.gateway.responses import SSE_HEADERS, ClientGone, until_disconnect, watch_start
 from fleet_core.gateway.router import Router
 from fleet_core.gateway.service import PATHS, ClientLeft, Exchange, GatewayService
