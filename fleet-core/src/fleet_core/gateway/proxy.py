@@ -95,6 +95,10 @@ class Proxy:
         self._registry = registry
         self._queue_timeout = queue_timeout
 
+    @property
+    def registry(self) -> EndpointRegistry:
+        return self._registry
+
     async def open(
         self,
         chain: list[Pool],

@@ -72,6 +72,8 @@ class Router:
                         "reason": state.reason,
                         "inFlight": state.in_flight,
                         "slotLimit": target.slots,
+                        "finished": state.finished,
+                        "errors": state.errors,
                         "signals": _signals(state.signals, now),
                     }
                 )

@@ -69,6 +69,8 @@ class Exchange:
     reservation: Reservation | None = None
     attempt: str | None = None
     """The endpoint the request was last sent to (before its answer is known)."""
+    turned_down: list[str] = field(default_factory=list)
+    """Endpoints that failed the request before it moved on to the next (failover)."""
     opened: Opened | None = None
     relay: Relay | None = None
     first_byte_at: float | None = None
@@ -261,6 +263,8 @@ class GatewayService:
             return _forward_body(request, pool, default_max_tokens=default_max)
 
         def attempt(url: str | None) -> None:
+            if url is None and exchange.attempt is not None:
+                exchange.turned_down.append(exchange.attempt)
             exchange.attempt = url
 
         exchange.opened = await self._proxy.open(
@@ -331,6 +335,7 @@ class GatewayService:
             return  # gone while being admitted: neither admitted nor refused, nothing to record
         record = self._record(exchange)
         self._sink.record(record)
+        self._count(exchange, record)
         if exchange.reservation is None:
             return
         self._metrics.request_finished(record.model)
@@ -342,6 +347,14 @@ class GatewayService:
             units=record.units or 0,
         )
         self._admission.settle(exchange.reservation, used, request_id=record.request_id)
+
+    def _count(self, exchange: Exchange, record: UsageRecord) -> None:
+        """The endpoints' counters on ``/health``: every attempt once, here and nowhere else."""
+        registry = self._proxy.registry
+        for url in exchange.turned_down:
+            registry.count(url, failed=True)
+        if record.endpoint is not None:
+            registry.count(record.endpoint, failed=record.outcome == "upstream_error")
 
     def _record(self, exchange: Exchange) -> UsageRecord:
         opened, relay = exchange.opened, exchange.relay

@@ -40,6 +40,11 @@ class EndpointState:
     consecutive_failures: int = 0
     signals: EngineSignals | None = None
     """The engine's last successful ``/metrics`` scrape, if any."""
+    finished: int = 0
+    """Attempts on this endpoint that ended, since this process started (cumulative)."""
+    errors: int = 0
+    """Of those, the ones the endpoint failed: transport, timeout, malformed, 429/5xx, broken
+    stream. A client's 4xx or a client that left is not the endpoint's error."""
 
     def mark(self, ready: bool, reason: str) -> None:
         if ready != self.ready:
@@ -234,6 +239,14 @@ class EndpointRegistry:
             queue.served(entry)
             waiter.granted.set_result(lease)
         queue.putback(held)
+
+    def count(self, url: str, *, failed: bool) -> None:
+        """One attempt on ``url`` ended (`GatewayService` calls it once per attempt, when the
+        request's record is written). An endpoint no longer tracked is not re-added."""
+        state = self._states.get(url)
+        if state is not None:
+            state.finished += 1
+            state.errors += failed
 
     def record_success(self, state: EndpointState) -> None:
         state.consecutive_failures = 0
