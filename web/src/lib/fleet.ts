@@ -1,6 +1,8 @@
 // The Fleet page's arithmetic, kept pure (and unit-tested): the gateway's /health detail (ADR 0013's
-// engine signals, the upstream's slot limit) and the recent-requests log, folded into one row per
-// pool with one child row per endpoint. What an engine does not say is shown as unknown, never 0.
+// engine signals, the upstream's slot limit, each endpoint's cumulative request and error counters)
+// folded into one row per pool with one child row per endpoint. Rates are the difference of the
+// counters between two polls over the time between them. What is not known is shown as unknown
+// (or "—" for a rate), never 0.
 
 export interface Signals {
   ageSeconds: number;
@@ -18,6 +20,10 @@ export interface Endpoint {
   inFlight: number;
   slotLimit?: number | null;
   signals?: Signals | null;
+  /** Attempts on this endpoint that ended, since the gateway (worker) started. */
+  finished?: number;
+  /** Of those, the ones the endpoint failed (transport, timeout, 429/5xx, broken stream). */
+  errors?: number;
 }
 
 export interface Pool {
@@ -28,12 +34,58 @@ export interface Pool {
   endpoints: Endpoint[];
 }
 
-/** One request of the log, as far as rates need it. */
-export interface Done {
-  servedModel: string;
-  endpoint: string | null;
-  status: number;
-  doneAt: number;
+/** One poll of the counters: when it arrived (seconds) and each endpoint's counters, by URL. */
+export interface Sample {
+  at: number;
+  counts: Record<string, { finished: number; errors: number }>;
+}
+
+/** Requests and errors per second of one endpoint between two polls. */
+export interface Rate {
+  perSecond: number;
+  errorsPerSecond: number;
+}
+
+export type Rates = Record<string, Rate | null>;
+
+export function sample(upstreams: Record<string, Pool>, at: number): Sample {
+  const counts: Sample["counts"] = {};
+  for (const pool of Object.values(upstreams)) {
+    for (const e of pool.endpoints) {
+      if (e.finished !== undefined && e.errors !== undefined) counts[e.url] = { finished: e.finished, errors: e.errors };
+    }
+  }
+  return { at, counts };
+}
+
+/** Each endpoint's rate from `before` to `now`; null (shown "—") on the first poll, for an endpoint
+ * new since, and when a counter went down (the gateway restarted: `now` is the new baseline). */
+export function rates(before: Sample | null, now: Sample): Rates {
+  const out: Rates = {};
+  const seconds = before ? now.at - before.at : 0;
+  for (const [url, c] of Object.entries(now.counts)) {
+    const was = before?.counts[url];
+    const reset = was !== undefined && (c.finished < was.finished || c.errors < was.errors);
+    out[url] =
+      was === undefined || reset || seconds <= 0
+        ? null
+        : { perSecond: (c.finished - was.finished) / seconds, errorsPerSecond: (c.errors - was.errors) / seconds };
+  }
+  return out;
+}
+
+/** The sum of known rates; null when any is unknown (a partial sum would understate). */
+export function total(values: (Rate | null)[]): Rate | null {
+  if (!values.length || values.some((v) => v === null)) return null;
+  return values.reduce<Rate>(
+    (n, v) => ({ perSecond: n.perSecond + (v?.perSecond ?? 0), errorsPerSecond: n.errorsPerSecond + (v?.errorsPerSecond ?? 0) }),
+    { perSecond: 0, errorsPerSecond: 0 },
+  );
+}
+
+/** A rate as shown: "—" until two polls are known. */
+export function perSecond(value: number | null | undefined): string {
+  return value === null || value === undefined ? "—" : value.toFixed(2);
 }
 
 export interface Row {
@@ -50,8 +102,7 @@ export interface Row {
   waiting: number | null;
   kvUsage: number | null;
   kvCapacityTokens: number | null;
-  perSecond: number;
-  errors: number;
+  rate: Rate | null;
   children?: Row[];
 }
 
@@ -78,8 +129,7 @@ function sum(values: (number | null)[]): number | null {
   return values.some((v) => v === null) ? null : values.reduce<number>((n, v) => n + (v ?? 0), 0);
 }
 
-function endpointRow(pool: string, engine: string, e: Endpoint, recent: Done[], windowS: number): Row {
-  const mine = recent.filter((r) => r.endpoint === e.url);
+function endpointRow(pool: string, engine: string, e: Endpoint, known: Rates): Row {
   const s = e.signals ?? null;
   return {
     key: `${pool} ${e.url}`,
@@ -95,19 +145,16 @@ function endpointRow(pool: string, engine: string, e: Endpoint, recent: Done[], 
     waiting: s?.waiting ?? null,
     kvUsage: s?.kvUsage ?? null,
     kvCapacityTokens: s?.kvCapacityTokens ?? null,
-    perSecond: mine.length / windowS,
-    errors: mine.filter((r) => r.status >= 400).length,
+    rate: known[e.url] ?? null,
   };
 }
 
-/** One row per pool (its endpoints as children) from /health's upstreams and the log of the last
- * `windowS` seconds before `now` (seconds since the epoch). */
-export function fleetRows(upstreams: Record<string, Pool>, log: Done[], now: number, windowS: number): Row[] {
-  const recent = log.filter((r) => now - r.doneAt <= windowS);
+/** One row per pool (its endpoints as children) from /health's upstreams and the endpoints' rates
+ * (`rates` of the last two polls). */
+export function fleetRows(upstreams: Record<string, Pool>, known: Rates): Row[] {
   return Object.entries(upstreams).map(([name, pool]) => {
-    const children = pool.endpoints.map((e) => endpointRow(name, pool.engine, e, recent, windowS));
+    const children = pool.endpoints.map((e) => endpointRow(name, pool.engine, e, known));
     const down = children.filter((c) => c.state !== "ready").length;
-    const poolLog = recent.filter((r) => r.servedModel === name || children.some((c) => c.name === r.endpoint));
     const limits = children.map((c) => c.slotLimit);
     return {
       key: name,
@@ -123,8 +170,7 @@ export function fleetRows(upstreams: Record<string, Pool>, log: Done[], now: num
       waiting: children.length ? sum(children.map((c) => c.waiting)) : null,
       kvUsage: children.length ? max(children.map((c) => c.kvUsage)) : null,
       kvCapacityTokens: children.length ? sum(children.map((c) => c.kvCapacityTokens)) : null,
-      perSecond: poolLog.length / windowS,
-      errors: poolLog.filter((r) => r.status >= 400).length,
+      rate: total(children.map((c) => c.rate)),
       children,
     };
   });

@@ -1,7 +1,20 @@
-import { useState } from "react";
+import { useEffect, useRef, useState } from "react";
 import { Alert, Badge, Card, Col, Row, Space, Statistic, Table, Tag, Tooltip, Typography } from "antd";
-import { api, type List } from "../lib/api";
-import { fleetRows, inFlight, kv, slots, type Pool, type Row as FleetRow } from "../lib/fleet";
+import { api } from "../lib/api";
+import {
+  fleetRows,
+  inFlight,
+  kv,
+  perSecond,
+  rates,
+  sample,
+  slots,
+  total,
+  type Pool,
+  type Rates,
+  type Row as FleetRow,
+  type Sample,
+} from "../lib/fleet";
 import { millis } from "../lib/format";
 import { useLoad } from "../lib/useLoad";
 import { Pager, usePaged } from "../lib/usePaged";
@@ -10,6 +23,9 @@ import { useSession } from "../session";
 interface Health {
   status: string;
   upstreams?: Record<string, Pool>;
+}
+interface Polled extends Health {
+  at: number; // when the answer arrived, seconds: rates are counter differences over time between polls
 }
 interface Counts {
   promptTokens: number;
@@ -32,26 +48,36 @@ interface RecordRow {
   gateway: Counts;
 }
 
-const WINDOW_S = 60;
+/** Each endpoint's rate between the last two polls of /health (its cumulative counters). */
+function useRates(polled: Polled | undefined): Rates {
+  const [known, setKnown] = useState<Rates>({});
+  const baseline = useRef<Sample | null>(null);
+  useEffect(() => {
+    if (!polled) return;
+    const now = sample(polled.upstreams ?? {}, polled.at);
+    setKnown(rates(baseline.current, now));
+    baseline.current = now; // after a reset (counters went down) too: the next poll rates from here
+  }, [polled]);
+  return known;
+}
 
 export default function Fleet() {
   const { token } = useSession();
-  const health = useLoad(() => api<Health>("/health", { token }), [token], 3000);
-  const log = useLoad(() => api<List<RecordRow>>("/api/v1/requests?limit=200", { token }), [token], 3000);
-  const records = log.data?.data ?? [];
+  const health = useLoad(async (): Promise<Polled> => ({ ...(await api<Health>("/health", { token })), at: Date.now() / 1000 }), [token], 3000);
   const table = usePaged<RecordRow>("/api/v1/requests", token, 20, 3000); // the log, newest first, paged by the gateway
-  const now = Date.now() / 1000;
-  const recent = records.filter((r) => now - r.doneAt <= WINDOW_S);
-  const errors = recent.filter((r) => r.status >= 400).length;
-  const rows = fleetRows(health.data?.upstreams ?? {}, records, now, WINDOW_S);
+  const known = useRates(health.data);
+  const rows = fleetRows(health.data?.upstreams ?? {}, known);
   const endpoints = rows.flatMap((r) => r.children ?? []);
+  const urls = [...new Set(endpoints.map((e) => e.name))]; // an endpoint in two pools counts once
+  const all = total(urls.map((u) => known[u] ?? null));
+  const erring = (all?.errorsPerSecond ?? 0) > 0;
   const [collapsed, setCollapsed] = useState<string[]>([]);
   const hidden = health.data !== undefined && health.data.upstreams === undefined;
 
   return (
     <Space direction="vertical" size="large" style={{ width: "100%" }}>
       <Typography.Title level={3}>Fleet</Typography.Title>
-      {(health.error || log.error) && <Alert type="error" showIcon message={health.error ?? log.error} />}
+      {health.error && <Alert type="error" showIcon message={health.error} />}
       <Row gutter={16}>
         <Col span={6}>
           <Card>
@@ -60,12 +86,12 @@ export default function Fleet() {
         </Col>
         <Col span={6}>
           <Card>
-            <Statistic title="Requests per second (last minute)" value={(recent.length / WINDOW_S).toFixed(2)} />
+            <Statistic title="Requests per second" value={perSecond(all?.perSecond)} data-testid="fleet-rps" />
           </Card>
         </Col>
         <Col span={6}>
           <Card>
-            <Statistic title="Errors (last minute)" value={errors} valueStyle={{ color: errors ? "#cf1322" : undefined }} />
+            <Statistic title="Errors per second" value={perSecond(all?.errorsPerSecond)} valueStyle={{ color: erring ? "#cf1322" : undefined }} />
           </Card>
         </Col>
         <Col span={6}>
@@ -110,8 +136,18 @@ export default function Fleet() {
             },
             { title: "Queue", render: (_, r) => <span data-testid={`queue-${r.name}`}>{r.waiting ?? "unknown"}</span> },
             { title: "KV cache", render: (_, r) => <span data-testid={`kv-${r.name}`}>{kv(r.kvUsage, r.kvCapacityTokens)}</span> },
-            { title: "Req/s (1 min)", render: (_, r) => r.perSecond.toFixed(2) },
-            { title: "Errors (1 min)", render: (_, r) => <span style={{ color: r.errors ? "#cf1322" : undefined }}>{r.errors}</span> },
+            {
+              title: <Tooltip title="requests finished per second between the last two polls (this gateway worker's counters)">Req/s</Tooltip>,
+              render: (_, r) => <span data-testid={`rps-${r.name}`}>{perSecond(r.rate?.perSecond)}</span>,
+            },
+            {
+              title: <Tooltip title="the endpoint's failures per second: transport, timeout, 429/5xx, broken stream (a client's 4xx is not one)">Errors/s</Tooltip>,
+              render: (_, r) => (
+                <span data-testid={`eps-${r.name}`} style={{ color: r.rate?.errorsPerSecond ? "#cf1322" : undefined }}>
+                  {perSecond(r.rate?.errorsPerSecond)}
+                </span>
+              ),
+            },
           ]}
         />
       </Card>

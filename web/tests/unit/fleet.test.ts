@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { fleetRows, inFlight, kv, slots, type Pool } from "../../src/lib/fleet";
+import { fleetRows, inFlight, kv, perSecond, rates, sample, slots, total, type Pool } from "../../src/lib/fleet";
 
 const signals = { ageSeconds: 1, running: 2, waiting: 1, kvUsage: 0.5, kvCapacityTokens: 4096, slotsTotal: null };
 const upstreams: Record<string, Pool> = {
@@ -42,16 +42,60 @@ describe("cells", () => {
   });
 });
 
+describe("rates", () => {
+  const at = (t: number, a: [number, number], c: [number, number]) => ({
+    at: t,
+    counts: { "http://a": { finished: a[0], errors: a[1] }, "http://c": { finished: c[0], errors: c[1] } },
+  });
+
+  it("is unknown on the first poll, shown as a dash", () => {
+    const first = rates(null, at(100, [10, 1], [5, 0]));
+    expect(first).toEqual({ "http://a": null, "http://c": null });
+    expect(perSecond(first["http://a"]?.perSecond)).toBe("—");
+  });
+
+  it("is the counters' difference over the time between the polls", () => {
+    const r = rates(at(100, [10, 1], [5, 0]), at(104, [50, 3], [5, 0]));
+    expect(r["http://a"]).toEqual({ perSecond: 10, errorsPerSecond: 0.5 });
+    expect(r["http://c"]).toEqual({ perSecond: 0, errorsPerSecond: 0 });
+    expect(perSecond(r["http://a"]?.perSecond)).toBe("10.00");
+  });
+
+  it("resets the baseline when a counter goes down (the gateway restarted), never negative", () => {
+    const before = at(100, [1000, 40], [5, 0]);
+    const restarted = at(103, [6, 0], [8, 0]);
+    expect(rates(before, restarted)["http://a"]).toBeNull();
+    expect(rates(before, restarted)["http://c"]).toEqual({ perSecond: 1, errorsPerSecond: 0 });
+    expect(rates(restarted, at(105, [16, 2], [8, 0]))["http://a"]).toEqual({ perSecond: 5, errorsPerSecond: 1 });
+    expect(rates(before, at(103, [1003, 39], [5, 0]))["http://a"]).toBeNull(); // errors alone went down
+  });
+
+  it("is unknown for an endpoint new since the last poll, or no time apart", () => {
+    expect(rates({ at: 100, counts: {} }, at(103, [3, 0], [3, 0]))["http://a"]).toBeNull();
+    expect(rates(at(100, [1, 0], [1, 0]), at(100, [3, 0], [3, 0]))["http://a"]).toBeNull();
+  });
+
+  it("sums a pool's endpoints only when every one is known", () => {
+    expect(total([{ perSecond: 1, errorsPerSecond: 0.5 }, { perSecond: 2, errorsPerSecond: 0 }])).toEqual({ perSecond: 3, errorsPerSecond: 0.5 });
+    expect(total([{ perSecond: 1, errorsPerSecond: 0 }, null])).toBeNull();
+    expect(total([])).toBeNull();
+  });
+
+  it("samples the counters /health gives, skipping endpoints without them", () => {
+    const pools: Record<string, Pool> = {
+      m: { ...upstreams.m, endpoints: [{ ...upstreams.m.endpoints[0], finished: 7, errors: 2 }, upstreams.m.endpoints[1]] },
+    };
+    expect(sample(pools, 5)).toEqual({ at: 5, counts: { "http://a": { finished: 7, errors: 2 } } });
+  });
+});
+
 describe("fleetRows", () => {
-  const now = 1000;
-  const log = [
-    { servedModel: "m", endpoint: "http://a", status: 200, doneAt: 990 },
-    { servedModel: "m", endpoint: "http://a", status: 502, doneAt: 995 },
-    { servedModel: "m", endpoint: null, status: 429, doneAt: 999 }, // refused before routing
-    { servedModel: "m", endpoint: "http://a", status: 200, doneAt: 900 }, // outside the minute
-    { servedModel: "l", endpoint: "http://c", status: 200, doneAt: 999 },
-  ];
-  const [m, l] = fleetRows(upstreams, log, now, 60);
+  const known = {
+    "http://a": { perSecond: 2, errorsPerSecond: 0.5 },
+    "http://b": { perSecond: 0, errorsPerSecond: 0 },
+    "http://c": null,
+  };
+  const [m, l] = fleetRows(upstreams, known);
 
   it("folds endpoints into their pool, degraded when one is down", () => {
     expect(m.state).toBe("degraded");
@@ -71,11 +115,10 @@ describe("fleetRows", () => {
     expect(l.slotLimit).toBeNull();
   });
 
-  it("counts requests and errors of the last window per endpoint and per pool", () => {
-    expect(m.children?.[0].perSecond).toBeCloseTo(2 / 60);
-    expect(m.children?.[0].errors).toBe(1);
-    expect(m.perSecond).toBeCloseTo(3 / 60);
-    expect(m.errors).toBe(2);
-    expect(l.children?.[0].errors).toBe(0);
+  it("gives each endpoint its rate and each pool the sum of its endpoints'", () => {
+    expect(m.children?.[0].rate).toEqual({ perSecond: 2, errorsPerSecond: 0.5 });
+    expect(m.rate).toEqual({ perSecond: 2, errorsPerSecond: 0.5 });
+    expect(l.children?.[0].rate).toBeNull();
+    expect(l.rate).toBeNull();
   });
 });
