@@ -365,6 +365,21 @@ const scenarios = {
     }
     step = "the slot is freed when the client goes";
     await cellMatching(page, "slots-lcpp", /^0 \/ 4$/);
+    step = "a burst of requests shows as a rate (the counters' difference between two polls)";
+    let bursting = true;
+    const answered = [];
+    const burst = (async () => {
+      while (bursting) answered.push((await chat(TENANT_KEY, "m")).status);
+    })();
+    try {
+      const rate = await cellMatching(page, "rps-m", /^(?!0\.00$)\d+\.\d\d$/);
+      check(Number(rate) > 0, `the pool's req/s is above 0 (${rate})`);
+      await cellMatching(page, "eps-m", /^0\.00$/); // none of them failed on the engine
+    } finally {
+      bursting = false;
+      await burst;
+    }
+    check(answered.length > 0 && answered.every((s) => s === 200), `the burst was served (${answered.slice(-3)})`);
   },
 
   async budgets(page) {
