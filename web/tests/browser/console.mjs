@@ -375,6 +375,7 @@ const scenarios = {
       const rate = await cellMatching(page, "rps-m", /^(?!0\.00$)\d+\.\d\d$/);
       check(Number(rate) > 0, `the pool's req/s is above 0 (${rate})`);
       await cellMatching(page, "eps-m", /^0\.00$/); // none of them failed on the engine
+      await shot(page, "fleet-burst");
     } finally {
       bursting = false;
       await burst;
