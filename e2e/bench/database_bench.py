@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import generator
+from bench import generator, stub
 from bench.admission_bench import redis_url
 from bench.gateway_bench import (
     ROUNDS,
@@ -137,8 +137,7 @@ def gateways(database_url: str, redis: str) -> Iterator[tuple[str, str, str]]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         config = tmp / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: bench\n    model: bench\n    base_url: {direct}\n")
-        stub = [sys.executable, "-m", "fleet_core.stub_engine", "--port", str(engine)]
-        stack.enter_context(process([*stub, "--model", "bench"], direct + "/health"))
+        stack.enter_context(process(stub.command(engine, "bench"), direct + "/health"))
         base = [sys.executable, "-m", "bench.serve", "hypercorn", "gateway"]
         shared = {"FLEET_REDIS_URL": redis, "FLEET_ACCESS_LOG": "false"}
         env_url, db_url = f"http://127.0.0.1:{env_port}", f"http://127.0.0.1:{db_port}"
@@ -229,6 +228,7 @@ def report(result: dict[str, object]) -> list[str]:
         "both modes; database mode adds the catalog from Postgres, three budget rules, unit",
         "rates and one ledger row per request (batched COPY). Medians of interleaved rounds.",
         generator.describe(),
+        stub.describe(),
         f"Machine load before and after each round: {'; '.join(loads)}.",
         "",
         "| gateway | sequential req/s / p50 / p99 | plain c=64 req/s / p50 / p99 |",

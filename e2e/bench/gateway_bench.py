@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench import generator, litellm_peer
+from bench import generator, litellm_peer, stub
 
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = float(os.environ.get("FLEET_BENCH_SECONDS", "3"))
@@ -98,8 +98,7 @@ def servers() -> Iterator[tuple[dict[str, str], str]]:
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         config = Path(tmp) / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: bench\n    model: bench\n    base_url: {direct}\n")
-        stub = _python("fleet_core.stub_engine", "--port", str(engine), "--model", "bench")
-        stack.enter_context(process(stub, direct + "/health"))
+        stack.enter_context(process(stub.command(engine, "bench"), direct + "/health"))
 
         def serve(name: str, *args: str, env: dict[str, str] | None = None) -> None:
             """Start ``python -m *args``, PORT in ``args`` replaced by a free port."""
@@ -245,6 +244,8 @@ def report(result: tuple[Samples, str, list[str]]) -> list[str]:
         f"each ASGI server. The targets judge `fleet-gateway ({DEFAULT_SERVER})`, the shipped",
         "default (uvicorn with httptools, ADR 0002). LiteLLM: its proxy, one worker,",
         f"`litellm[proxy]=={litellm_peer.VERSION}` in a venv of its own.",
+        generator.describe(),
+        stub.describe(),
         "",
         "| target | " + " | ".join(FULL) + " |",
         "|---|" + "---|" * len(FULL),
@@ -351,8 +352,9 @@ def write_report(sections: list[list[str]]) -> None:
         "shared machine; compare the ratios. `FLEET_BENCH_ONLY=<section>` reruns one section.",
         "",
         f"- Each cell: {SECONDS:g} s of closed-loop load after a warm-up, from a load generator in",
-        "  its own process; stub engine with no artificial delay, 16-token replies.",
+        "  its own process; stub engine with no artificial delay, replies of at most 16 tokens.",
         *generator.PREAMBLE,
+        *stub.PREAMBLE,
         "",
     ]
     for section in merged.values():

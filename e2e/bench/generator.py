@@ -11,15 +11,14 @@ line; the bearer key goes through the environment (``FLEET_BENCH_KEY``), never a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from bench import gobuild
 
 __all__ = ["PREAMBLE", "Cell", "binary", "command", "describe", "run"]
 
@@ -37,50 +36,11 @@ SOURCE = Path(__file__).resolve().parent / "loadgen"
 ENV = {**os.environ, "PYTHONPATH": str(SOURCE.parents[1])}
 
 
-def _source_hash() -> str:
-    digest = hashlib.sha256()
-    for path in sorted(SOURCE.glob("*")):
-        if path.suffix in (".go", ".mod", ".sum"):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
-
-
-def cache_path() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "fleet" / f"loadgen-{_source_hash()}" / "loadgen"
-
-
 def binary() -> Path | str:
     """The Go generator, built if missing; or why the Python one runs instead."""
     if os.environ.get("FLEET_BENCH_LOADGEN") == "python":
         return "FLEET_BENCH_LOADGEN=python"
-    target = cache_path()
-    if target.is_file():
-        return target
-    go = shutil.which("go")
-    if go is None:
-        return "go not found"
-    return _build(go, target)
-
-
-def _build(go: str, target: Path) -> Path | str:
-    """``go build`` into a temporary name beside ``target``, then an atomic rename: two benches
-    building at once each finish with a whole binary."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false"}
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / "loadgen"
-        done = subprocess.run(
-            [go, "build", "-trimpath", "-o", str(built), "."],
-            cwd=SOURCE,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            return f"go build failed: {done.stderr.strip().splitlines()[-1:]}"
-        os.replace(built, target)
-    return target
+    return gobuild.binary(SOURCE)
 
 
 def command() -> list[str]:

@@ -1,0 +1,3 @@
+module fleet.bench/stubgo
+
+go 1.22

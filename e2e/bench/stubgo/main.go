@@ -1,0 +1,277 @@
+// Command stubgo is a cheap OpenAI-compatible stub engine for the gateway benchmarks.
+//
+// It answers what the benches ask of fleet_core.stub_engine (vLLM profile, no delay): POST
+// /v1/chat/completions and /v1/completions (JSON with usage, or SSE with one frame per token, a
+// usage frame when stream_options.include_usage is set, then [DONE]), GET /v1/models, /health
+// (empty 200, as vLLM) and /metrics (vLLM's running/waiting gauges, which the gateway scrapes).
+// The reply is the Python stub's canned one, cut to max_tokens; a token is a word. Standard
+// library only, so the engine costs a fraction of the CPU the gateway under test does.
+//
+// Usage: stubgo PORT [MODEL]. When FLEET_STUB_API_KEY is set, /v1 routes require it as a bearer.
+package main
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+const reply = "Hello from the Fleet stub engine: this is a canned reply."
+
+const maxBody = 1 << 20
+
+type request struct {
+	Model               *string         `json:"model"`
+	Messages            []message       `json:"messages"`
+	Prompt              json.RawMessage `json:"prompt"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+type message struct {
+	Content json.RawMessage `json:"content"`
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+type stub struct {
+	model   string
+	key     string
+	tokens  []string // the reply, one word a token, the separating space on the later word
+	running atomic.Int64
+	models  []byte
+}
+
+func main() {
+	if len(os.Args) < 2 || len(os.Args) > 3 {
+		fmt.Fprintln(os.Stderr, "usage: stubgo PORT [MODEL]")
+		os.Exit(2)
+	}
+	port, err := strconv.Atoi(os.Args[1])
+	if err != nil || port <= 0 || port > 65535 {
+		fmt.Fprintln(os.Stderr, "stubgo: PORT must be a number from 1 to 65535")
+		os.Exit(2)
+	}
+	model := "fleet-stub"
+	if len(os.Args) == 3 {
+		model = os.Args[2]
+	}
+	s := &stub{model: model, key: os.Getenv("FLEET_STUB_API_KEY")}
+	for i, word := range strings.Fields(reply) {
+		if i > 0 {
+			word = " " + word
+		}
+		s.tokens = append(s.tokens, word)
+	}
+	s.models, _ = json.Marshal(map[string]any{"object": "list", "data": []any{map[string]any{
+		"id": model, "object": "model", "created": time.Now().Unix(), "owned_by": "vllm",
+		"root": model, "parent": nil, "max_model_len": 4096,
+	}}})
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", s.authed(func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) }))
+	mux.HandleFunc("POST /v1/completions", s.authed(func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) }))
+	mux.HandleFunc("GET /v1/models", s.authed(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(s.models)
+	}))
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
+	mux.HandleFunc("GET /metrics", s.metrics)
+	server := &http.Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Handler: mux}
+	if err := server.ListenAndServe(); err != nil {
+		fmt.Fprintln(os.Stderr, "stubgo:", err)
+		os.Exit(1)
+	}
+}
+
+func (s *stub) authed(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.key != "" && r.Header.Get("Authorization") != "Bearer "+s.key {
+			fail(w, http.StatusUnauthorized, "Unauthorized", "AuthenticationError")
+			return
+		}
+		next(w, r)
+	}
+}
+
+func (s *stub) metrics(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"+
+		"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=%q} %d\n"+
+		"# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"+
+		"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=%q} 0\n",
+		s.model, s.running.Load(), s.model)
+}
+
+func fail(w http.ResponseWriter, status int, msg, kind string) {
+	body, _ := json.Marshal(map[string]any{"object": "error", "message": msg, "type": kind, "param": nil, "code": status})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
+func (s *stub) generate(w http.ResponseWriter, r *http.Request, chat bool) {
+	s.running.Add(1)
+	defer s.running.Add(-1)
+	var req request
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(&req); err != nil {
+		fail(w, http.StatusBadRequest, "The request body is not valid JSON: "+err.Error(), "BadRequestError")
+		return
+	}
+	if req.Model != nil && *req.Model != s.model {
+		fail(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", *req.Model), "NotFoundError")
+		return
+	}
+	limit := req.MaxTokens
+	if chat && req.MaxCompletionTokens != nil {
+		limit = req.MaxCompletionTokens
+	}
+	if !chat && limit == nil {
+		sixteen := 16 // vLLM's and OpenAI's default for legacy completions
+		limit = &sixteen
+	}
+	if limit != nil && *limit < 1 {
+		fail(w, http.StatusBadRequest, "max_tokens must be at least 1", "BadRequestError")
+		return
+	}
+	n, finish := len(s.tokens), "stop"
+	if limit != nil && *limit < n {
+		n, finish = *limit, "length"
+	}
+	prompt := promptTokens(req, chat)
+	use := usage{prompt, n, prompt + n}
+	id := newID(chat)
+	created := time.Now().Unix()
+	if req.Stream {
+		includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+		s.stream(w, chat, id, created, s.tokens[:n], finish, use, includeUsage)
+		return
+	}
+	text := strings.Join(s.tokens[:n], "")
+	var choice map[string]any
+	object := "text_completion"
+	if chat {
+		object = "chat.completion"
+		choice = map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text, "tool_calls": []any{}},
+			"logprobs": nil, "finish_reason": finish, "stop_reason": nil}
+	} else {
+		choice = map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": finish, "stop_reason": nil}
+	}
+	body, _ := json.Marshal(map[string]any{"id": id, "object": object, "created": created, "model": s.model,
+		"choices": []any{choice}, "usage": use})
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(body)
+}
+
+// stream writes vLLM's framing: the chat role frame, one frame per token (a reply cut by
+// max_tokens finishes on its last one; otherwise an empty "stop" frame closes it), the usage
+// frame when asked for (then every chunk carries "usage": null), and [DONE].
+func (s *stub) stream(w http.ResponseWriter, chat bool, id string, created int64, tokens []string,
+	finish string, use usage, includeUsage bool) {
+	object := "text_completion"
+	if chat {
+		object = "chat.completion.chunk"
+	}
+	head, _ := json.Marshal(map[string]any{"id": id, "object": object, "created": created, "model": s.model})
+	head = head[:len(head)-1] // the chunk's object, left open for choices and usage
+	tail := "}"
+	if includeUsage {
+		tail = `,"usage":null}`
+	}
+	var buf bytes.Buffer
+	frame := func(choice string) {
+		buf.WriteString("data: ")
+		buf.Write(head)
+		buf.WriteString(`,"choices":[` + choice + "]" + tail + "\n\n")
+	}
+	content := func(text string, last bool) string {
+		quoted, _ := json.Marshal(text)
+		end := `"finish_reason":null}`
+		if last {
+			end = `"finish_reason":"` + finish + `","stop_reason":null}`
+		}
+		if chat {
+			return `{"index":0,"delta":{"content":` + string(quoted) + `},"logprobs":null,` + end
+		}
+		return `{"index":0,"text":` + string(quoted) + `,"logprobs":null,` + end
+	}
+	if chat {
+		frame(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`)
+	}
+	for i, token := range tokens {
+		frame(content(token, finish == "length" && i == len(tokens)-1))
+	}
+	if finish == "stop" {
+		frame(content("", true))
+	}
+	if includeUsage {
+		counts, _ := json.Marshal(use)
+		buf.WriteString("data: ")
+		buf.Write(head)
+		buf.WriteString(`,"choices":[],"usage":` + string(counts) + "}\n\n")
+	}
+	buf.WriteString("data: [DONE]\n\n")
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Write(buf.Bytes())
+}
+
+func promptTokens(req request, chat bool) int {
+	count := 0
+	words := func(raw json.RawMessage) {
+		var text string
+		if json.Unmarshal(raw, &text) == nil {
+			count += len(strings.Fields(text))
+			return
+		}
+		var parts []struct {
+			Text *string `json:"text"`
+		}
+		if json.Unmarshal(raw, &parts) == nil {
+			for _, part := range parts {
+				if part.Text != nil {
+					count += len(strings.Fields(*part.Text))
+				}
+			}
+			return
+		}
+		var texts []string
+		if json.Unmarshal(raw, &texts) == nil {
+			for _, t := range texts {
+				count += len(strings.Fields(t))
+			}
+		}
+	}
+	if chat {
+		for _, m := range req.Messages {
+			words(m.Content)
+		}
+	} else if len(req.Prompt) > 0 {
+		words(req.Prompt)
+	}
+	return count
+}
+
+func newID(chat bool) string {
+	raw := make([]byte, 16)
+	rand.Read(raw)
+	if chat {
+		return "chatcmpl-" + hex.EncodeToString(raw)
+	}
+	return "cmpl-" + hex.EncodeToString(raw)
+}
