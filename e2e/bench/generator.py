@@ -75,7 +75,8 @@ def _timed(
     args = [*program, url, str(concurrency), str(seconds), mode]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
-    out = proc.stdout.read()
+    with proc.stdout:
+        out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
