@@ -352,7 +352,7 @@ def write_report(sections: list[list[str]]) -> None:
         "shared machine; compare the ratios. `FLEET_BENCH_ONLY=<section>` reruns one section.",
         "",
         f"- Each cell: {SECONDS:g} s of closed-loop load after a warm-up, from a load generator in",
-        "  its own process; stub engine with no artificial delay, replies of at most 16 tokens.",
+        "  its own process; the engine adds no delay and replies 11 tokens (max_tokens 16).",
         *generator.PREAMBLE,
         *stub.PREAMBLE,
         "",
