@@ -244,7 +244,6 @@ def report(result: tuple[Samples, str, list[str]]) -> list[str]:
         f"each ASGI server. The targets judge `fleet-gateway ({DEFAULT_SERVER})`, the shipped",
         "default (uvicorn with httptools, ADR 0002). LiteLLM: its proxy, one worker,",
         f"`litellm[proxy]=={litellm_peer.VERSION}` in a venv of its own.",
-        generator.describe(),
         stub.describe(),
         "",
         "| target | " + " | ".join(FULL) + " |",
