@@ -30,9 +30,9 @@ PREAMBLE = (
     "  with `FLEET_BENCH_STUB=python`) the Python stub (`fleet_core.stub_engine`) runs. Each",
     "  section names the one it ran (one that names none ran the Python stub). CPU per request",
     "  of each stub alone under the Go generator (`python -m bench.stub`, 2026-11-30, load",
-    "  average 5, medians of 3 rounds): Go 0.05-0.06",
-    "  ms plain, 0.07-0.08 ms stream (c=32/c=64); Python 0.52-0.58 ms plain, 0.98-1.05 ms",
-    "  stream, about 10x more, which on 2 cores took CPU from the gateway under test.",
+    "  average 5, medians of 3 rounds): Go 0.05-0.06 ms plain, 0.07-0.08 ms stream (c=32 and",
+    "  c=64); Python 0.52-0.58 ms plain, 0.98-1.05 ms stream, about 10x more, which on 2 cores",
+    "  took CPU from the gateway under test.",
 )
 
 
