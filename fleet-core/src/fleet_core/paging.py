@@ -36,12 +36,14 @@ __all__ = [
     "listing",
     "page",
     "params",
+    "search",
     "window",
 ]
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
 _MAX_CURSOR = 1024
+MAX_SEARCH = 64
 Kind = Literal["text", "time", "start"]
 """A key column's type: text, a timestamp (ISO-8601 in the cursor, timestamptz in SQL), or a
 start that may be ``-infinity`` (a cost rate's ``effective_from``; SQL lists only)."""
@@ -70,6 +72,17 @@ def page(query: QueryParams, kinds: Sequence[Kind], *, most: int = MAX_LIMIT) ->
     """The page a query asks for, or a 400 naming ``limit`` or ``after``."""
     after = _after(query.get("after"), kinds)
     return Page(limit=_limit(query.get("limit"), most), after=after, kinds=tuple(kinds))
+
+
+def search(query: QueryParams) -> str | None:
+    """``q``, a case-insensitive substring a list's rows are filtered by (its id or name), or a
+    400 naming ``q`` when it is longer than ``MAX_SEARCH`` or holds a control character."""
+    raw = query.get("q")
+    if raw is None or raw == "":
+        return None
+    if len(raw) > MAX_SEARCH or not raw.isprintable():
+        raise InvalidRequest(f"q must be at most {MAX_SEARCH} printable characters", param="q")
+    return raw
 
 
 def _limit(raw: str | None, most: int) -> int:

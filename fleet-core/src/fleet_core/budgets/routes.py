@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from fleet_core import web
+from fleet_core import paging, web
 from fleet_core.auth import guard
 from fleet_core.budgets.service import BudgetService
 from fleet_core.budgets.wire import BudgetRule, RuleCreate, RulePatch
@@ -28,11 +28,9 @@ class _Rules:
         return web.json_response(await self.service.create(new), 201)
 
     async def list(self, request: Request) -> Response:
+        page = paging.page(request.query_params, ["time", "text"])
         tenant_id = guard.tenant_scope(request, None)
-        rules = await self.service.list()
-        if tenant_id is not None:
-            rules = [rule for rule in rules if owner(rule) == tenant_id]
-        return web.json_response({"object": "list", "data": rules})
+        return web.json_response(await self.service.list(page, tenant_id=tenant_id))
 
     async def get(self, request: Request) -> Response:
         rule = await self.service.get(request.path_params["rule_id"])

@@ -13,6 +13,7 @@ import secrets
 from msgspec import UnsetType
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core import paging
 from fleet_core.budgets.store import RuleStore
 from fleet_core.budgets.windows import parse_window
 from fleet_core.budgets.wire import BudgetRule, RuleCreate, RulePatch
@@ -39,8 +40,11 @@ class BudgetService:
         rule_id = "rule_" + secrets.token_hex(6)
         return await self.store.insert(rule_id, new, window_s=window_s)
 
-    async def list(self) -> list[BudgetRule]:
-        return await self.store.list()
+    async def list(
+        self, page: paging.Page, *, tenant_id: str | None = None
+    ) -> paging.Listing[BudgetRule]:
+        rows = await self.store.list(page, tenant_id=tenant_id)
+        return paging.listing(rows, page, lambda r: (r.created_at, r.id))
 
     async def get(self, rule_id: str) -> BudgetRule:
         rule = await self.store.get(rule_id) if _RULE_ID.fullmatch(rule_id) else None

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from psycopg_pool import AsyncConnectionPool
 
+from fleet_core import paging
 from fleet_core.budgets.windows import render_window
 from fleet_core.budgets.wire import BudgetRule, Dimension, RuleCreate, ScopeKind
 from fleet_core.storage.rows import utc_row
@@ -59,10 +60,17 @@ class RuleStore:
             )
         )
 
-    async def list(self) -> list[BudgetRule]:
+    async def list(self, page: paging.Page, *, tenant_id: str | None = None) -> list[BudgetRule]:
+        """One page in ``(created_at, id)`` order; a tenant's rules (its own and its projects')."""
+        past, order = paging.keyset(["created_at", "id"], page)
+        mine = "TRUE" if tenant_id is None else "split_part(scope_id, '/', 1) = %(tenant)s"
+        query = f"SELECT {_RULE} FROM budget_rules WHERE {past} AND {mine} ORDER BY {order}"
         async with self._pool.connection() as conn:
             cursor = conn.cursor(row_factory=utc_row(_rule))
-            await cursor.execute(f"SELECT {_RULE} FROM budget_rules ORDER BY created_at, id")
+            await cursor.execute(
+                query.encode(),
+                {"tenant": tenant_id, **paging.params(page)},
+            )
             return await cursor.fetchall()
 
     async def get(self, rule_id: str) -> BudgetRule | None:

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 import fleet_contract
-from fleet_core import web
+from fleet_core import paging, web
 from fleet_core.auth import guard
 from fleet_core.errors import InvalidRequest, NotFound
 from fleet_core.inventory import service
@@ -45,9 +45,12 @@ class _Inventory:
         return web.json_response(service.summarize(report))
 
     async def list(self, request: Request) -> Response:
-        reports = sorted(await self.store.latest(), key=lambda r: r.cluster_id)
-        data = [service.summarize(r) for r in reports]
-        return web.json_response({"object": "list", "data": data})
+        """One summary per cluster, paged by ``cluster_id`` (a cluster's report is bounded by
+        `service.check_bounds`, so the clusters are what grows; ADR 0015)."""
+        page = paging.page(request.query_params, ["text"])
+        listed = paging.listing(await self.store.page(page), page, lambda r: (r.cluster_id,))
+        data = [service.summarize(r) for r in listed.data]
+        return web.json_response(paging.Listing(object="list", data=data, next=listed.next))
 
     async def cluster(self, request: Request) -> Response:
         cluster_id = request.path_params["cluster_id"]

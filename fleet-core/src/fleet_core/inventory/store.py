@@ -13,6 +13,7 @@ from typing import Protocol
 from psycopg_pool import AsyncConnectionPool
 
 from fleet_contract import InventoryReport, decode_report, encode_report
+from fleet_core import paging
 from fleet_core.inventory.service import total_gpus
 
 __all__ = ["InventoryStore", "MemoryInventory", "PostgresInventory"]
@@ -22,6 +23,10 @@ class InventoryStore(Protocol):
     async def save(self, report: InventoryReport) -> None: ...
 
     async def latest(self) -> list[InventoryReport]: ...
+
+    async def page(self, page: paging.Page) -> list[InventoryReport]:
+        """A page of the newest reports in ``cluster_id`` order (`paging.keyset`'s limit + 1)."""
+        ...
 
     async def get(self, cluster_id: str) -> InventoryReport | None: ...
 
@@ -45,6 +50,9 @@ class MemoryInventory:
 
     async def latest(self) -> list[InventoryReport]:
         return list(self._latest.values())
+
+    async def page(self, page: paging.Page) -> list[InventoryReport]:
+        return paging.window(self._latest.values(), page, lambda r: (r.cluster_id,))
 
     async def get(self, cluster_id: str) -> InventoryReport | None:
         return self._latest.get(cluster_id)
@@ -101,6 +109,13 @@ class PostgresInventory:
     async def latest(self) -> list[InventoryReport]:
         async with self._pool.connection() as conn:
             cursor = await conn.execute("SELECT report::text FROM inventory_reports")
+            return [decode_report(row[0]) for row in await cursor.fetchall()]
+
+    async def page(self, page: paging.Page) -> list[InventoryReport]:
+        past, order = paging.keyset(["cluster_id"], page)
+        query = f"SELECT report::text FROM inventory_reports WHERE {past} ORDER BY {order}"
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(query.encode(), paging.params(page))
             return [decode_report(row[0]) for row in await cursor.fetchall()]
 
     async def get(self, cluster_id: str) -> InventoryReport | None:

@@ -34,8 +34,8 @@ class _Tenants:
         return web.json_response(await self.service.create_tenant(new), 201)
 
     async def list(self, request: Request) -> Response:
-        page = paging.page(request.query_params, ["text"])
-        return web.json_response(await self.service.list_tenants(page))
+        page, q = paging.page(request.query_params, ["text"]), paging.search(request.query_params)
+        return web.json_response(await self.service.list_tenants(page, q=q))
 
     async def get(self, request: Request) -> Response:
         tenant_id = request.path_params["tenant_id"]
@@ -62,8 +62,9 @@ class _Projects:
 
     async def list(self, request: Request) -> Response:
         tenant_id = guard.tenant_scope(request, request.query_params.get("tenantId"))
-        page = paging.page(request.query_params, ["text"])
-        return web.json_response(await self.service.list_projects(page, tenant_id=tenant_id))
+        page, q = paging.page(request.query_params, ["text"]), paging.search(request.query_params)
+        listed = await self.service.list_projects(page, tenant_id=tenant_id, q=q)
+        return web.json_response(listed)
 
     async def get(self, request: Request) -> Response:
         project_id = request.path_params["project_id"]

@@ -107,9 +107,11 @@ class TenantService:
         async with self.store.transaction() as tx:
             return await tx.insert_tenant(new)
 
-    async def list_tenants(self, page: paging.Page) -> paging.Listing[Tenant]:
+    async def list_tenants(
+        self, page: paging.Page, *, q: str | None = None
+    ) -> paging.Listing[Tenant]:
         async with self.store.transaction() as tx:
-            return paging.listing(await tx.tenants(page), page, lambda t: (t.id,))
+            return paging.listing(await tx.tenants(page, q=q), page, lambda t: (t.id,))
 
     async def get_tenant(self, tenant_id: str) -> Tenant:
         async with self.store.transaction() as tx:
@@ -141,12 +143,12 @@ class TenantService:
             return await tx.insert_project(new)
 
     async def list_projects(
-        self, page: paging.Page, *, tenant_id: str | None = None
+        self, page: paging.Page, *, tenant_id: str | None = None, q: str | None = None
     ) -> paging.Listing[Project]:
         if tenant_id is not None and not valid_id(tenant_id):
             return paging.Listing(object="list", data=[])  # no tenant can have that id
         async with self.store.transaction() as tx:
-            rows = await tx.projects(page, tenant_id=tenant_id)
+            rows = await tx.projects(page, tenant_id=tenant_id, q=q)
         return paging.listing(rows, page, lambda p: (p.id,))
 
     async def get_project(self, project_id: str) -> Project:

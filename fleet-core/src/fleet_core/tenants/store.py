@@ -25,6 +25,11 @@ __all__ = ["TenantStore", "TenantTransaction"]
 
 _TENANT = "id, name, request_limit, token_limit, active, created_at, updated_at, priority"
 _PROJECT = "id, tenant_id, name, request_limit, token_limit, active, created_at, updated_at"
+_MATCH = (
+    "(%(q)s::text IS NULL OR strpos(lower(id), lower(%(q)s)) > 0"
+    " OR strpos(lower(name), lower(%(q)s)) > 0)"
+)
+"""A row whose id or name holds ``q`` (`paging.search`), in any case; no LIKE, so no escaping."""
 T = TypeVar("T")
 
 _BILLED = {
@@ -53,12 +58,13 @@ class TenantTransaction:
         cursor = self._conn.cursor(row_factory=utc_row(Tenant))
         return await (await cursor.execute(query, (tenant_id,))).fetchone()
 
-    async def tenants(self, page: paging.Page) -> list[Tenant]:
-        """One page of tenants by id (`paging.keyset`: one row past the page)."""
+    async def tenants(self, page: paging.Page, *, q: str | None = None) -> list[Tenant]:
+        """One page of tenants by id (`paging.keyset`: one row past the page), those whose id or
+        name holds ``q`` (lower case) when given."""
         past, order = paging.keyset(["id"], page)
         cursor = self._conn.cursor(row_factory=utc_row(Tenant))
-        query = f"SELECT {_TENANT} FROM tenants WHERE {past} ORDER BY {order}"
-        return await (await cursor.execute(query, paging.params(page))).fetchall()
+        query = f"SELECT {_TENANT} FROM tenants WHERE {_MATCH} AND {past} ORDER BY {order}"
+        return await (await cursor.execute(query, {"q": q, **paging.params(page)})).fetchall()
 
     async def insert_tenant(self, new: TenantCreate) -> Tenant:
         cursor = self._conn.cursor(row_factory=utc_row(Tenant))
@@ -104,14 +110,18 @@ class TenantTransaction:
         return await (await cursor.execute(query, (project_id,))).fetchone()
 
     async def projects(
-        self, page: paging.Page | None = None, *, tenant_id: str | None = None
+        self,
+        page: paging.Page | None = None,
+        *,
+        tenant_id: str | None = None,
+        q: str | None = None,
     ) -> list[Project]:
         past, order = paging.keyset(["id"], page)
         cursor = self._conn.cursor(row_factory=utc_row(Project))
         await cursor.execute(
             f"SELECT {_PROJECT} FROM projects WHERE (%(tenant)s::text IS NULL"
-            f" OR tenant_id = %(tenant)s) AND {past} ORDER BY {order}",
-            {"tenant": tenant_id, **paging.params(page)},
+            f" OR tenant_id = %(tenant)s) AND {_MATCH} AND {past} ORDER BY {order}",
+            {"tenant": tenant_id, "q": q, **paging.params(page)},
         )
         return await cursor.fetchall()
 
