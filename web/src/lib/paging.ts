@@ -41,3 +41,18 @@ export function back(at: Position): Position {
 export function pageNumber(at: Position): number {
   return at.before.length + 1;
 }
+
+/** The longest search a list accepts (`q`, fleet_core/paging.py's MAX_SEARCH). */
+export const MAX_SEARCH = 64;
+
+/** `path`'s first `limit` rows whose id or name holds `q` (trimmed, cut to MAX_SEARCH; every row when empty). */
+export function searchPath(path: string, q: string, limit: number): string {
+  const [base, query = ""] = path.split("?", 2);
+  const params = new URLSearchParams(query);
+  params.set("limit", String(limit));
+  params.delete("after");
+  const text = q.trim().slice(0, MAX_SEARCH);
+  if (text) params.set("q", text);
+  else params.delete("q");
+  return `${base}?${params.toString()}`;
+}

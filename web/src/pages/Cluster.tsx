@@ -1,6 +1,7 @@
 import { Alert, Badge, Card, Empty, Space, Table, Tag, Typography } from "antd";
-import { api, type List } from "../lib/api";
+import { api } from "../lib/api";
 import { useLoad } from "../lib/useLoad";
+import { Pager, usePaged } from "../lib/usePaged";
 import { useSession } from "../session";
 
 interface Summary {
@@ -94,8 +95,9 @@ function ClusterDetail({ id }: { id: string }) {
 
 export default function Cluster() {
   const { token } = useSession();
-  const list = useLoad(() => api<List<Summary>>("/api/v1/inventory", { token }), [token], 10000);
-  const clusters = list.data?.data ?? [];
+  // clusters page on the server (10 a page: each card loads its own report); refreshed every 10 s
+  const list = usePaged<Summary>("/api/v1/inventory", token, 10, 10000);
+  const clusters = list.rows;
   return (
     <Space direction="vertical" size="large" style={{ width: "100%" }}>
       <Typography.Title level={3}>Cluster</Typography.Title>
@@ -125,6 +127,7 @@ export default function Cluster() {
           <ClusterDetail id={c.clusterId} />
         </Card>
       ))}
+      {(list.data?.next || list.at.before.length > 0) && <Pager list={list} testId="clusters-pager" />}
     </Space>
   );
 }

@@ -1,9 +1,10 @@
 import { useState } from "react";
-import { Alert, App, Button, Card, Form, Input, InputNumber, Modal, Popconfirm, Progress, Select, Space, Table, Tabs, Tag, Typography } from "antd";
+import { Alert, App, Button, Card, Form, Input, InputNumber, Modal, Popconfirm, Progress, Space, Table, Tabs, Tag, Typography } from "antd";
 import { api, type List } from "../lib/api";
 import { canWrite } from "../lib/access";
-import { useLoad, type Loaded } from "../lib/useLoad";
+import { useLoad } from "../lib/useLoad";
 import { Pager, usePaged } from "../lib/usePaged";
+import { SearchSelect } from "../lib/SearchSelect";
 import { useSession } from "../session";
 import { CreateRule, EditLimits, RuleActions, type Rule } from "./TenantsEditing";
 
@@ -59,11 +60,6 @@ function RuleUse({ rule }: { rule: Rule }) {
   return <Progress data-testid={`used-${rule.id}`} status={value >= rule.limit ? "exception" : "normal"} size="small" percent={Math.min(100, Math.round((100 * value) / rule.limit))} format={() => `${value.toLocaleString()} / ${rule.limit.toLocaleString()}`} style={{ width: 260 }} />;
 }
 
-function useList<T>(path: string): Loaded<List<T>> {
-  const { token } = useSession();
-  return useLoad(() => api<List<T>>(path, { token }), [path, token]);
-}
-
 export default function Tenants() {
   const session = useSession();
   const { token, who } = session;
@@ -73,7 +69,7 @@ export default function Tenants() {
   const tenants = usePaged<Tenant>(who.role === "tenant" ? `/api/v1/tenants/${who.tenantId}` : "/api/v1/tenants", token);
   const projects = usePaged<Project>("/api/v1/projects", token);
   const keys = usePaged<ApiKey>("/api/v1/keys", token);
-  const rules = useList<Rule>("/api/v1/budget-rules");
+  const rules = usePaged<Rule>("/api/v1/budget-rules", token); // each row loads its own "used of the window"
   const [issued, setIssued] = useState<ApiKey>();
   const tenantRows: Tenant[] = tenants.data ? ("data" in tenants.data ? tenants.data.data : [tenants.data as unknown as Tenant]) : [];
 
@@ -131,7 +127,7 @@ export default function Tenants() {
                 {admin && (
                   <Form layout="inline" style={{ marginBottom: 16 }} onFinish={(v) => act("/api/v1/projects", "POST", v, projects.reload)}>
                     <Form.Item name="tenantId" rules={[{ required: true }]}>
-                      <Select style={{ width: 180 }} placeholder="tenant" options={tenantRows.map((t) => ({ value: t.id, label: t.id }))} />
+                      <SearchSelect path="/api/v1/tenants" token={token} reloadOn={tenants.data} style={{ width: 180 }} placeholder="tenant" />
                     </Form.Item>
                     <Form.Item name="name" rules={[{ required: true }]}><Input placeholder="project name" /></Form.Item>
                     <Button htmlType="submit" type="primary">Create project</Button>
@@ -161,7 +157,7 @@ export default function Tenants() {
                       if (key) setIssued(key);
                     }}>
                     <Form.Item name="projectId" rules={[{ required: true }]}>
-                      <Select style={{ width: 220 }} placeholder="project" data-testid="key-project" options={(projects.data?.data ?? []).map((p) => ({ value: p.id, label: p.id }))} />
+                      <SearchSelect path="/api/v1/projects" token={token} reloadOn={projects.data} style={{ width: 220 }} placeholder="project" data-testid="key-project" />
                     </Form.Item>
                     <Form.Item name="label" rules={[{ required: true }]}><Input placeholder="label" data-testid="key-label" /></Form.Item>
                     <Button htmlType="submit" type="primary" data-testid="create-key">Create key</Button>
@@ -195,11 +191,11 @@ export default function Tenants() {
               <Card>
                 {admin && (
                   <CreateRule
-                    scopes={{ tenants: tenantRows.map((t) => t.id), projects: (projects.data?.data ?? []).map((p) => p.id) }}
+                    reloadOn={{ tenant: tenants.data, project: projects.data }}
                     onDone={rules.reload}
                   />
                 )}
-                <Table data-testid="rules" rowKey="id" size="small" dataSource={rules.data?.data ?? []}
+                <Table data-testid="rules" rowKey="id" size="small" pagination={false} dataSource={rules.rows}
                   columns={[
                     { title: "Scope", render: (_, r) => `${r.scopeKind} ${r.scopeId}` },
                     { title: "Dimension", dataIndex: "dimension" },
@@ -207,6 +203,7 @@ export default function Tenants() {
                     { title: "Used of the limit", render: (_, r) => <RuleUse rule={r} /> },
                     ...(admin ? [{ title: "", render: (_: unknown, r: Rule) => <RuleActions rule={r} onDone={rules.reload} /> }] : []),
                   ]} />
+                <Pager list={rules} testId="rules-pager" />
               </Card>
             ),
           },

@@ -5,6 +5,7 @@ import { useState } from "react";
 import { Alert, App, Button, Form, Input, InputNumber, Modal, Popconfirm, Select, Space } from "antd";
 import { api } from "../lib/api";
 import { useApiForm } from "../lib/apiForm";
+import { SearchSelect } from "../lib/SearchSelect";
 import { useSession } from "../session";
 
 export interface Limited {
@@ -61,11 +62,10 @@ export function EditLimits({ what, row, onDone }: { what: "tenants" | "projects"
 }
 
 /** A new budget rule on a tenant or a project. */
-export function CreateRule({ scopes, onDone }: { scopes: { tenants: string[]; projects: string[] }; onDone: () => void }) {
+export function CreateRule({ reloadOn, onDone }: { reloadOn: { tenant: unknown; project: unknown }; onDone: () => void }) {
   const { token } = useSession();
   const create = useApiForm<Omit<Rule, "id" | "windowSeconds">>(["scopeKind", "scopeId", "dimension", "limit", "window"]);
   const kind = Form.useWatch("scopeKind", create.form) ?? "tenant";
-  const ids = kind === "tenant" ? scopes.tenants : scopes.projects;
   return (
     <>
       <FormProblem problem={create.problem} />
@@ -80,7 +80,7 @@ export function CreateRule({ scopes, onDone }: { scopes: { tenants: string[]; pr
           <Select style={{ width: 110 }} options={[{ value: "tenant" }, { value: "project" }]} onChange={() => create.form.setFieldValue("scopeId", undefined)} />
         </Form.Item>
         <Form.Item name="scopeId" rules={[{ required: true, message: "pick a scope" }]}>
-          <Select style={{ width: 200 }} placeholder={kind} options={ids.map((id) => ({ value: id, label: id }))} data-testid="rule-scope" />
+          <SearchSelect key={kind} path={kind === "tenant" ? "/api/v1/tenants" : "/api/v1/projects"} token={token} reloadOn={kind === "tenant" ? reloadOn.tenant : reloadOn.project} style={{ width: 200 }} placeholder={kind} data-testid="rule-scope" />
         </Form.Item>
         <Form.Item name="dimension">
           <Select style={{ width: 150 }} options={DIMENSIONS.map((d) => ({ value: d }))} />

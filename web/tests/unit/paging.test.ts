@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { back, FIRST, forward, pageNumber, pagePath } from "../../src/lib/paging";
+import { back, FIRST, forward, MAX_SEARCH, pageNumber, pagePath, searchPath } from "../../src/lib/paging";
 
 describe("server-side pages", () => {
   it("asks for a limit, and the cursor only after the first page", () => {
@@ -20,5 +20,12 @@ describe("server-side pages", () => {
     expect(back(third)).toEqual(second);
     expect(back(back(third))).toEqual(FIRST);
     expect(back(FIRST)).toEqual(FIRST);
+  });
+
+  it("searches a list on the server: trimmed, bounded, from its first page", () => {
+    expect(searchPath("/api/v1/tenants", "", 20)).toBe("/api/v1/tenants?limit=20");
+    expect(searchPath("/api/v1/tenants", "  ac me ", 20)).toBe("/api/v1/tenants?limit=20&q=ac+me");
+    expect(searchPath("/api/v1/projects?tenantId=a&after=c&q=old", "x&y", 5)).toBe("/api/v1/projects?tenantId=a&q=x%26y&limit=5");
+    expect(searchPath("/p", "z".repeat(MAX_SEARCH + 10), 1)).toBe(`/p?limit=1&q=${"z".repeat(MAX_SEARCH)}`);
   });
 });

@@ -138,7 +138,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(400,),
     ),
     ("GET", "/api/v1/inventory"): Operation(
-        "The newest report's summary per cluster", response=list[ClusterSummary]
+        "The newest report's summary per cluster, by cluster id",
+        response=list[ClusterSummary],
+        errors=(400,),
+        paged=True,
     ),
     ("GET", "/api/v1/clusters/{cluster_id}"): Operation(
         "One cluster's newest report", response=ClusterView, errors=(404,)
@@ -161,7 +164,11 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(400, 409),
     ),
     ("GET", "/api/v1/tenants"): Operation(
-        "List tenants by id", response=list[tenants.Tenant], paged=True
+        "List tenants by id (q: those whose id or name holds it)",
+        response=list[tenants.Tenant],
+        query=("q",),
+        errors=(400,),
+        paged=True,
     ),
     **_one(_TENANT, tenants.Tenant, tenants.TenantPatch, _TENANT_WORDS),
     ("POST", "/api/v1/projects"): Operation(
@@ -172,7 +179,11 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(400, 409),
     ),
     ("GET", "/api/v1/projects"): Operation(
-        "List projects by id", response=list[tenants.Project], query=("tenantId",), paged=True
+        "List projects by id (q: those whose id or name holds it)",
+        response=list[tenants.Project],
+        query=("tenantId", "q"),
+        errors=(400,),
+        paged=True,
     ),
     **_one(_PROJECT, tenants.Project, tenants.ProjectPatch, _PROJECT_WORDS),
     ("POST", "/api/v1/keys"): Operation(
@@ -226,7 +237,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Remove a model's unit rates", response=rates.ModelRates, errors=(404,)
     ),
     ("GET", "/api/v1/budget-rules"): Operation(
-        "List budget rules", response=list[budgets.BudgetRule]
+        "List budget rules by creation (a tenant's key: its own and its projects')",
+        response=list[budgets.BudgetRule],
+        errors=(400,),
+        paged=True,
     ),
     ("GET", _RULE): Operation("Read a budget rule", response=budgets.BudgetRule, errors=(404,)),
     ("PATCH", _RULE): Operation(
@@ -459,9 +473,20 @@ def _parameters(path: str, query: tuple[str, ...], *, paged: bool) -> list[dict[
     params = [
         {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names
     ]
-    params += [{"name": q, "in": "query", "schema": {"type": "string"}} for q in query]
+    params += [
+        _QUERY.get(q) or {"name": q, "in": "query", "schema": {"type": "string"}} for q in query
+    ]
     return params + (_PAGE_PARAMETERS if paged else [])
 
+
+_QUERY: dict[str, dict[str, Any]] = {
+    "q": {
+        "name": "q",
+        "in": "query",
+        "description": "A case-insensitive substring of the id or the name (the console's pickers)",
+        "schema": {"type": "string", "maxLength": paging.MAX_SEARCH},
+    },
+}
 
 _PAGE_PARAMETERS: list[dict[str, Any]] = [
     {
