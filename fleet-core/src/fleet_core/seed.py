@@ -14,6 +14,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from fleet_core.auth.tokens import bearer, client_token
@@ -59,14 +60,25 @@ def _call(
         ) from None
 
 
+def _has_rule(call: Callable[[str, str], Any]) -> bool:
+    """Whether the demo tenant has a budget rule, following the list's pages (ADR 0015)."""
+    after = ""
+    while True:
+        listed = call("GET", f"/api/v1/budget-rules?limit=500{after}")
+        if any(r["scopeId"] == TENANT for r in listed["data"]):
+            return True
+        if "next" not in listed:
+            return False
+        after = f"&after={listed['next']}"
+
+
 def seed(api: str, token: str | None) -> str:
     def call(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         return _call(api, method, path, body, token=token)
 
     call("POST", "/api/v1/tenants", {"id": TENANT, "name": "Demo", "requestLimit": 600})
     call("POST", "/api/v1/projects", {"tenantId": TENANT, "name": "default"})
-    rules = call("GET", "/api/v1/budget-rules")["data"]
-    if not any(r["scopeId"] == TENANT for r in rules):
+    if not _has_rule(call):
         call(
             "POST",
             "/api/v1/budget-rules",
