@@ -391,6 +391,7 @@ const scenarios = {
     for (let n = 0; n < 3; n++) check((await chat(BUDGET_KEY, "m", { max_tokens: 45 })).status === 200, "globex is admitted");
     step = "create a rule on globex";
     await page.getByTestId("rule-scope").click();
+    await page.keyboard.type("GLOB"); // searched on the server (q), not among the page's rows
     await page.locator(".ant-select-item-option", { hasText: "globex" }).click();
     await page.getByTestId("rule-limit").fill("1000000");
     await page.getByTestId("rule-window").fill("2d");
