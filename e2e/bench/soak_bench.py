@@ -51,19 +51,21 @@ class Soak:
 
 
 def _state(proc: psutil.Process, url: str) -> dict[str, float]:
+    """RSS, descriptors and connections first, then the gauge: the ``/metrics`` request's own
+    connection must not be counted (the server may not have closed it yet when counting)."""
+    state = {
+        "rss_mb": proc.memory_info().rss / 2**20,
+        "fds": proc.num_fds(),
+        "tcp": len(proc.net_connections(kind="tcp")),
+    }
     with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    in_flight = sum(
+    state["in_flight"] = sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
         if line.startswith("fleet_requests_in_flight")
     )
-    return {
-        "rss_mb": proc.memory_info().rss / 2**20,
-        "fds": proc.num_fds(),
-        "tcp": len(proc.net_connections(kind="tcp")),
-        "in_flight": in_flight,
-    }
+    return state
 
 
 def _drive(url: str, seconds: float, samples: list[float], proc: psutil.Process) -> dict[str, int]:
