@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import openai
 import pytest
 
 from bench import generator, gobuild, stub
+from fleet_testing.gateway_process import fleet_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -78,21 +78,9 @@ def gateway(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
         f"upstreams:\n  - id: bench\n    model: {MODEL}\n    engine: vllm\n"
         f"    base_url: {engine}\n    api_key: {ENGINE_KEY}\n"
     )
-    port = _port()
-    script = Path(sys.executable).parent / "fleet-gateway"
-    process = subprocess.Popen(
-        [str(script), "--config", str(config), "--listen", f"127.0.0.1:{port}"],
-        env={**os.environ, "FLEET_ACCESS_LOG": "false"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with fleet_gateway(config) as (url, process):
         _until(url + "/health", process, ok="true")  # the gateway's health round passed
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @pytest.fixture

@@ -8,20 +8,17 @@ engine (minutes); with the cache warm the whole module takes well under a minute
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from fleet_testing import engines, generation
+from fleet_testing.gateway_process import fleet_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -52,23 +49,9 @@ def gateway(engine: engines.LlamaServer, tmp_path_factory: pytest.TempPathFactor
         f"  - id: gemma\n    model: {MODEL}\n    engine: llamacpp\n"
         f"    base_url: {engine.url}\n    api_key: {ENGINE_KEY}\n"
     )
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    script = Path(sys.executable).parent / "fleet-gateway"
-    process = subprocess.Popen(
-        [str(script), "--config", str(config), "--listen", f"127.0.0.1:{port}"],
-        env={**os.environ, "FLEET_ACCESS_LOG": "false"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with fleet_gateway(config) as (url, process):
         _until_routable(url, process)
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def _until_routable(url: str, process: subprocess.Popen[bytes]) -> None:
