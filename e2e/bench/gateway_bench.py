@@ -22,11 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 from bench import generator, litellm_peer, stub
+from bench.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = float(os.environ.get("FLEET_BENCH_SECONDS", "3"))
@@ -52,19 +52,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_for(url: str, proc: subprocess.Popen[bytes], within_s: float = 120) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"bench: a server exited early ({proc.args!r})")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"bench: {url} never answered")
 
 
 @contextlib.contextmanager

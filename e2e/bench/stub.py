@@ -15,11 +15,10 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from bench import generator, gobuild
+from bench.waiting import wait_for
 
 __all__ = ["PREAMBLE", "command", "describe"]
 
@@ -69,17 +68,6 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _wait(url: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"bench.stub: {url} never answered")
-
-
 def compare(cells: tuple[str, ...], rounds: int, seconds: float) -> dict[str, dict[str, float]]:
     """Both stubs, one at a time, in interleaved rounds: per stub and cell, the median requests/s
     and the stub's CPU milliseconds per request."""
@@ -94,7 +82,7 @@ def compare(cells: tuple[str, ...], rounds: int, seconds: float) -> dict[str, di
         for name, program in programs.items():
             proc = subprocess.Popen(program, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
-                _wait(url + "/health")
+                wait_for(url + "/health", proc, within_s=60)
                 generator.run(url, "plain c=32", None, 1.0)  # warm-up
                 for cell in cells:
                     before = _cpu_seconds(proc.pid)
