@@ -25,7 +25,7 @@ from fleet_core.storage import migrations
 from fleet_core.storage.migrations import apply_migrations
 from fleet_core.usage import store as usage
 from fleet_core.usage.wire import Agreement
-from tests.usage.test_hour_rollups import SPAN_S, T0, windows
+from tests.usage.test_hour_rollups import SPAN_S, T0, drawn_record, windows
 
 # The agreement as it was computed before the rollups: every raw row of the window.
 _RAW = """
@@ -49,29 +49,10 @@ def records(draw: st.DrawFn) -> list[UsageRecord]:
     made = []
     small = st.integers(0, 40)  # small counts repeat, so the histogram's rows hold several
     for n in range(draw(st.integers(0, 60))):
-        done = T0.timestamp() + draw(st.floats(0, SPAN_S - 1, allow_nan=False))
         engine = draw(st.none() | st.tuples(small, small).map(lambda t: EngineUsage(*t)))
-        made.append(
-            UsageRecord(
-                request_id=f"r{n}",
-                kind="chat",
-                model=draw(st.sampled_from(["m1", "m2"])),
-                served_model="m",
-                endpoint="http://e:1",
-                status=200,
-                outcome=draw(st.sampled_from(["ok", "ok", "upstream_error", "refused"])),
-                stream=False,
-                received_at=done - 1,
-                first_byte_at=None,
-                done_at=done,
-                engine=engine,
-                gateway=GatewayCount(
-                    draw(small), draw(small), draw(st.sampled_from(["tokenizer:m", "estimate"]))
-                ),
-                tenant="a",
-                project="x",
-            )
-        )
+        method = st.sampled_from(["tokenizer:m", "estimate"])
+        gateway = GatewayCount(draw(small), draw(small), draw(method))
+        made.append(drawn_record(draw, n, engine=engine, gateway=gateway, tenant="a", project="x"))
     return made
 
 

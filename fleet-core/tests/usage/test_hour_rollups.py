@@ -27,26 +27,35 @@ T0 = datetime(2026, 9, 1, 21, tzinfo=UTC)
 SPAN_S = 6 * 3600  # crosses a UTC midnight; dense enough that partial hours hold rows
 
 
+def drawn_record(draw: st.DrawFn, n: int, **fields: object) -> UsageRecord:
+    """Request ``r{n}``: a chat done at a drawn moment of the span, of a drawn model and outcome;
+    ``fields`` give the rest (engine, gateway, tenant, ...)."""
+    done = T0.timestamp() + draw(st.floats(0, SPAN_S - 1, allow_nan=False))
+    return UsageRecord(
+        request_id=f"r{n}",
+        kind="chat",
+        model=draw(st.sampled_from(["m1", "m2"])),
+        served_model="m",
+        endpoint="http://e:1",
+        status=200,
+        outcome=draw(st.sampled_from(["ok", "ok", "upstream_error", "refused"])),
+        stream=False,
+        received_at=done - 1,
+        first_byte_at=None,
+        done_at=done,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
 @st.composite
 def records(draw: st.DrawFn) -> list[UsageRecord]:
-    count = draw(st.integers(0, 60))
     made = []
-    for n in range(count):
-        done = T0.timestamp() + draw(st.floats(0, SPAN_S - 1, allow_nan=False))
+    for n in range(draw(st.integers(0, 60))):
         tokens = draw(st.tuples(*(st.integers(0, 10**6) for _ in range(3))))
         made.append(
-            UsageRecord(
-                request_id=f"r{n}",
-                kind="chat",
-                model=draw(st.sampled_from(["m1", "m2"])),
-                served_model="m",
-                endpoint="http://e:1",
-                status=200,
-                outcome=draw(st.sampled_from(["ok", "ok", "upstream_error", "refused"])),
-                stream=False,
-                received_at=done - 1,
-                first_byte_at=None,
-                done_at=done,
+            drawn_record(
+                draw,
+                n,
                 engine=EngineUsage(tokens[0], tokens[1], min(tokens[2], tokens[0])),
                 gateway=GatewayCount(tokens[0], tokens[1], "estimate:chars/4"),
                 tenant=draw(st.sampled_from(["a", "b", None])),
