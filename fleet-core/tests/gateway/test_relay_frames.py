@@ -6,7 +6,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet_core.gateway.relay import _data
+from fleet_core.gateway.relay import StreamMeter, _data
 from fleet_core.gateway.wire import StreamChunk
 
 _lines = st.lists(
@@ -55,3 +55,60 @@ def test_a_delta_counts_everything_generated(
     calls = [c["function"] for c in tool_calls or ()]
     names = [p for f in calls for p in (f["name"], f["arguments"]) if p]
     assert text == (reasoning_content or reasoning or "") + (content or "") + "".join(names)
+
+
+def _one_by_one(meter: StreamMeter, frame: bytes) -> bytes | None:
+    """The relay's per-frame reading before frames were decoded together (the reference)."""
+    payload = _data(frame)
+    if payload == b"[DONE]":
+        meter.done = True
+    if payload is None or payload == b"[DONE]":
+        return frame
+    try:
+        chunk = msgspec.json.decode(payload, type=StreamChunk)
+    except msgspec.DecodeError:
+        return frame
+    if chunk.usage is not None and not chunk.choices:
+        meter.usage = chunk.usage
+        return None if meter.strip_usage else frame
+    if chunk.usage is not None:
+        meter.usage = chunk.usage
+    meter.text.append(chunk.text())
+    meter.ended_choices += chunk.finished()
+    if meter.strip_usage and b'"usage":null' in frame:
+        frame = frame.replace(b',"usage":null', b"").replace(b'"usage":null,', b"")
+    return frame
+
+
+_usage = st.fixed_dictionaries(
+    {"prompt_tokens": st.integers(0, 9), "completion_tokens": st.integers(0, 9)}
+)
+_choice = st.fixed_dictionaries(
+    {
+        "delta": st.fixed_dictionaries({"content": _text}),
+        "finish_reason": st.none() | st.just("stop"),
+    }
+)
+_chunk = st.fixed_dictionaries(
+    {"choices": st.lists(_choice, max_size=2)}, optional={"usage": st.none() | _usage}
+).map(lambda c: b"data: " + msgspec.json.encode(c))
+_frame = st.one_of(
+    _chunk,
+    st.just(b"data: [DONE]"),
+    st.just(b": keep-alive"),
+    st.just(b"data:"),
+    st.just(b'data: {"choices": [] } {"choices": []}'),  # two values on one line: not a chunk
+    st.just(b'data: {"a": 1}, {"b": 2'),
+    st.just(b'data: "c": 3}'),
+    st.binary(max_size=10).map(lambda b: b"data: " + b.replace(b"\n", b"")),
+)
+
+
+@given(st.lists(_frame, max_size=8), st.booleans())
+def test_frames_read_together_read_as_one_by_one(frames: list[bytes], strip: bool) -> None:
+    whole = [frame + b"\n\n" for frame in frames]
+    together, alone = StreamMeter(strip_usage=strip), StreamMeter(strip_usage=strip)
+    sent = together.take(whole)
+    expected = [kept for frame in whole if (kept := _one_by_one(alone, frame)) is not None]
+    assert sent == expected
+    assert together == alone

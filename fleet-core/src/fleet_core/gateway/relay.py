@@ -15,7 +15,7 @@ own usage rather than the fallback count.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -50,17 +50,25 @@ class StreamMeter:
     def generated_all(self) -> bool:
         return self.ended_choices >= self.choices
 
-    def take(self, frame: bytes) -> bytes | None:
-        """The frame to send on (possibly rewritten), or None to drop it."""
-        payload = _data(frame)
-        if payload == b"[DONE]":
-            self.done = True
-        if payload is None or payload == b"[DONE]":
-            return frame
-        try:
-            chunk = _chunk_decoder.decode(payload)
-        except msgspec.DecodeError:
-            return frame  # not ours to judge: relay what the engine said
+    def take(self, frames: list[bytes]) -> list[bytes]:
+        """The frames to send on (some rewritten, some dropped), in order. Frames that arrived
+        together have their JSON decoded in one call (`_decode_together`)."""
+        payloads = [_data(frame) for frame in frames]
+        chunks = _decode_together([p for p in payloads if p and p != b"[DONE]"])
+        out = []
+        for frame, payload in zip(frames, payloads, strict=True):
+            if payload == b"[DONE]":
+                self.done = True
+            if payload is None or payload == b"[DONE]":
+                out.append(frame)
+                continue
+            chunk = next(chunks) if chunks is not None and payload else _decode(payload)
+            kept = frame if chunk is None else self._meter(frame, chunk)
+            if kept is not None:
+                out.append(kept)
+        return out
+
+    def _meter(self, frame: bytes, chunk: StreamChunk) -> bytes | None:
         if chunk.usage is not None and not chunk.choices:
             self.usage = chunk.usage
             return None if self.strip_usage else frame
@@ -71,6 +79,26 @@ class StreamMeter:
         if self.strip_usage and b'"usage":null' in frame:
             frame = frame.replace(b',"usage":null', b"").replace(b'"usage":null,', b"")
         return frame
+
+
+def _decode(payload: bytes) -> StreamChunk | None:
+    try:
+        return _chunk_decoder.decode(payload)
+    except msgspec.DecodeError:
+        return None  # not ours to judge: relayed as the engine said it
+
+
+def _decode_together(payloads: list[bytes]) -> Iterator[StreamChunk] | None:
+    """Several frames' payloads decoded in one call, one line each; None (decode one by one)
+    unless every line is exactly one chunk. No payload is empty or holds a newline, so equal
+    counts mean each line gave one value: the result is what decoding each alone gives."""
+    if len(payloads) < 2:
+        return None
+    try:
+        chunks = _chunk_decoder.decode_lines(b"\n".join(payloads))
+    except msgspec.DecodeError:
+        return None
+    return iter(chunks) if len(chunks) == len(payloads) else None
 
 
 def _data(frame: bytes) -> bytes | None:
@@ -99,14 +127,8 @@ class Relay:
         buffer = self._buffer + chunk
         if b"\r" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")
-        ready = []
-        while (end := buffer.find(b"\n\n")) >= 0:
-            frame, buffer = buffer[: end + 2], buffer[end + 2 :]
-            out = self.meter.take(frame)
-            if out is not None:
-                ready.append(out)
-        self._buffer = buffer
-        return ready
+        *frames, self._buffer = buffer.split(b"\n\n")
+        return self.meter.take([frame + b"\n\n" for frame in frames]) if frames else []
 
     async def frames(self) -> AsyncIterator[bytes]:
         """Yield the client's frames; a break after the first byte ends with an error frame."""

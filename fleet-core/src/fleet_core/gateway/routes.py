@@ -242,8 +242,12 @@ class _Answer:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
         reply = await self.service.buffered(exchange)
-        response = Response(reply.body, reply.status, media_type=reply.content_type)
-        await response(scope, receive, send)
+        headers = [
+            (b"content-type", reply.content_type.encode("latin-1")),
+            (b"content-length", b"%d" % len(reply.body)),
+        ]
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        await send({"type": "http.response.body", "body": reply.body})
 
 
 def gateway_routes(
