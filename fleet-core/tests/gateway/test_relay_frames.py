@@ -112,3 +112,21 @@ def test_frames_read_together_read_as_one_by_one(frames: list[bytes], strip: boo
     expected = [kept for frame in whole if (kept := _one_by_one(alone, frame)) is not None]
     assert sent == expected
     assert together == alone
+
+
+_part = st.none() | st.fixed_dictionaries({"content": _text})
+_any_choice = st.fixed_dictionaries(
+    {"delta": _part, "message": _part, "text": _text, "finish_reason": st.none() | st.just("stop")}
+)
+
+
+@given(st.lists(_any_choice, max_size=3))
+def test_the_text_of_a_chunk_is_every_choice_in_order(choices: list[dict[str, object]]) -> None:
+    chunk = msgspec.json.decode(msgspec.json.encode({"choices": choices}), type=StreamChunk)
+    expected = ""
+    for choice in choices:
+        for part in (choice["delta"], choice["message"]):
+            if isinstance(part, dict):
+                expected += part["content"] or ""
+        expected += choice["text"] or ""  # type: ignore[operator]
+    assert chunk.text() == expected

@@ -273,6 +273,10 @@ class StreamChunk(msgspec.Struct):
 
     def text(self) -> str:
         """Every generated character the frame carries, for the gateway's own count."""
+        if len(self.choices) == 1:  # nearly every frame: one choice, its delta only
+            choice = self.choices[0]
+            if choice.delta is not None and choice.message is None and not choice.text:
+                return choice.delta.generated()
         out = []
         for choice in self.choices:
             for part in (choice.delta, choice.message):
