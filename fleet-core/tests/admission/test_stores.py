@@ -17,7 +17,10 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Sequence
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
@@ -251,6 +254,32 @@ async def test_redis_reserve_and_settle_are_one_script_call_each(
     assert await _script_calls_during(own_client, own_store.settle(charges)) == 1
     refusal = own_store.reserve([Charge(charges[0].bucket, 61), *charges[1:]])
     assert await _script_calls_during(own_client, refusal) == 1
+
+
+_WORDS = st.lists(
+    st.one_of(st.integers(), st.binary(), st.text(st.characters(blacklist_categories=["Cs"]))),
+    max_size=40,
+)
+
+
+@given(command=st.sampled_from(["EVALSHA", "SCRIPT LOAD", b"HSET"]), words=_WORDS)
+def test_redis_commands_are_packed_in_c_into_the_bytes_redis_py_would_send(
+    command: str | bytes, words: list[int | bytes | str]
+) -> None:
+    ours = asyncio.run(_store_connection())
+    assert type(ours).__name__.startswith("CPacked")
+    assert b"".join(ours.pack_command(command, *words)) == b"".join(
+        Connection().pack_command(command, *words)
+    )
+
+
+async def _store_connection() -> Connection:
+    """A connection as `open_redis_store`'s client makes them (unopened: packing needs none)."""
+    store = await open_redis_store("redis://127.0.0.1:9/0")
+    connection = store._client.connection_pool.make_connection()
+    await store.aclose()
+    assert isinstance(connection, Connection)
+    return connection
 
 
 async def test_redis_reloads_its_scripts_after_the_script_cache_is_flushed(

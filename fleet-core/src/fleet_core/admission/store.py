@@ -26,8 +26,11 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
+from redis.connection import HiredisRespSerializer
 from redis.exceptions import RedisError
 from redis.retry import Retry
+from redis.typing import EncodableT
+from redis.utils import HIREDIS_AVAILABLE
 
 from fleet_core.admission import buckets
 from fleet_core.admission.limits import (
@@ -351,7 +354,30 @@ async def open_redis_store(url: str, *, timeout_s: float = 0.5) -> RedisStore:
         retry=Retry(NoBackoff(), 0),
         health_check_interval=0,  # the pool already drops connections the server has closed
     )
+    if HIREDIS_AVAILABLE:
+        pool = client.connection_pool
+        pool.connection_class = type(
+            f"CPacked{pool.connection_class.__name__}", (_CPacked, pool.connection_class), {}
+        )
     return RedisStore(client)
+
+
+class _CPacked:
+    """Packs commands with hiredis, in C, before the connection class (plain, TLS or unix
+    socket, whichever the URL chose) it is mixed into.
+
+    redis-py's asyncio connections pack every command in Python (its synchronous ones use
+    hiredis when installed); admission's script calls carry tens of arguments per request (the
+    budget holds' ids, amounts and lifetimes), which packed in Python cost about 0.8 µs each,
+    a tenth of what database mode adds per request. hiredis packs them 3x faster, into the
+    same bytes (``tests/admission/test_stores.py``)."""
+
+    _packer = HiredisRespSerializer()
+
+    def pack_command(self, *args: EncodableT) -> list[bytes]:
+        # redis-py annotates each of pack's arguments as a list; they are the command's words.
+        packed: list[bytes] = self._packer.pack(*args)  # type: ignore[arg-type]
+        return packed
 
 
 def _merged(charges: Sequence[Charge]) -> list[Charge]:
