@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
 from fleet_core.admission.budgets import Amounts, BudgetBook, book_key, free_after, scopes_of
 from fleet_core.admission.directory import BudgetRule
+from fleet_core.admission.limits import HoldUpdate
 from fleet_core.admission.store import MemoryStore
 from fleet_core.errors import ReservationTooLarge
 
@@ -121,6 +123,19 @@ async def test_own_holds_are_touched_every_quarter_ttl_and_others_expire() -> No
     assert store.held(book_key(RULE)) == 30
     clock.advance(8.5)  # a crashed gateway stops touching: its hold expires
     assert store.held(book_key(RULE)) == 0
+
+
+async def test_a_touch_rewrites_only_the_holds_not_written_for_a_quarter_ttl() -> None:
+    book = BudgetBook(ttl_s=4.0)
+    old, _ = book.hold([RULE], Amounts(tokens_output=30))
+    await asyncio.sleep(1.05)
+    settled, _ = book.hold([RULE], Amounts(tokens_output=20))
+    fresh, _ = book.hold([RULE], Amounts(tokens_output=10))
+    book.settle(settled, Amounts(tokens_output=5), request_id="r1")
+    assert book.touches() == [HoldUpdate(book_key(RULE), old.id, 30, 4000)]
+    # The next touch, a quarter later, rewrites all three: none waits longer than half the ttl.
+    later = book.touches(now=time.monotonic() + 1.0)
+    assert {(u.id, u.amount) for u in later} == {(old.id, 30), (settled.id, 5), (fresh.id, 10)}
 
 
 def test_the_window_frees_when_enough_old_minutes_slide_out() -> None:

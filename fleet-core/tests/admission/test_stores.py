@@ -9,6 +9,7 @@ operation, what it leaves in Redis, and its behaviour when Redis stops or freeze
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.resources
 import math
 import re
@@ -266,20 +267,25 @@ _WORDS = st.lists(
 def test_redis_commands_are_packed_in_c_into_the_bytes_redis_py_would_send(
     command: str | bytes, words: list[int | bytes | str]
 ) -> None:
-    ours = asyncio.run(_store_connection())
+    ours = _store_connection()
     assert type(ours).__name__.startswith("CPacked")
     assert b"".join(ours.pack_command(command, *words)) == b"".join(
         Connection().pack_command(command, *words)
     )
 
 
-async def _store_connection() -> Connection:
+@functools.cache
+def _store_connection() -> Connection:
     """A connection as `open_redis_store`'s client makes them (unopened: packing needs none)."""
-    store = await open_redis_store("redis://127.0.0.1:9/0")
-    connection = store._client.connection_pool.make_connection()
-    await store.aclose()
-    assert isinstance(connection, Connection)
-    return connection
+
+    async def make() -> Connection:
+        store = await open_redis_store("redis://127.0.0.1:9/0")
+        connection = store._client.connection_pool.make_connection()
+        await store.aclose()
+        assert isinstance(connection, Connection)
+        return connection
+
+    return asyncio.run(make())
 
 
 async def test_redis_reloads_its_scripts_after_the_script_cache_is_flushed(

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import secrets
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -124,6 +125,8 @@ class _Entry:
 
     hold: BudgetHold
     amounts: tuple[int, ...]
+    written_at: float
+    """When the store was last given this hold (monotonic clock): placed, settled or touched."""
     settled: bool = False
     committed_at: float | None = None
 
@@ -170,18 +173,23 @@ def free_after(
 class BudgetBook:
     """The rules' rollup figures and this gateway's own holds.
 
-    ``ttl_s``: a hold expires this long after it was last written (the owner touches it every
-    ``ttl_s / 4``). ``grace_s``: a settled hold is dropped once a refresh that started this long
-    after the ledger committed its record has returned (twice the refresh interval: by then every
-    gateway refreshing on schedule has read the record from the rollups). ``ledger``: whether a
-    ledger commits this gateway's records (database mode); only then are unheld requests counted,
-    since only then does anything tell the book when the rollups show them.
+    ``ttl_s``: a hold expires this long after it was last written (its owner writes it again at
+    most ``ttl_s / 2`` later: `touches`). ``grace_s``: a settled hold is dropped once a refresh
+    that started this long after the ledger committed its record has returned (twice the refresh
+    interval: by then every gateway refreshing on schedule has read the record from the rollups).
+    ``ledger``: whether a ledger commits this gateway's records (database mode); only then are
+    unheld requests counted, since only then does anything tell the book when the rollups show
+    them.
     """
 
     def __init__(
         self, *, prefix: str = "", ttl_s: float = 60.0, grace_s: float = 2.0, ledger: bool = False
     ) -> None:
         self._prefix = prefix
+        self._nonce = secrets.token_hex(8)
+        self._serial = itertools.count()
+        """Hold ids: this book's random nonce and a serial, unique among every gateway's holds
+        (64 random bits per process) and cheaper to mint and to send than a UUID each."""
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._grace_s = grace_s
         self._used: dict[str, int] = {}
@@ -252,9 +260,9 @@ class BudgetBook:
     def hold(self, rules: Sequence[BudgetRule], demand: Amounts) -> tuple[BudgetHold, list[Hold]]:
         """A new hold for ``demand`` and what to ask the store; tracked from now on, so that
         a reservation that never completes can still be dropped (`release`)."""
-        hold = BudgetHold(f"h{uuid.uuid4().hex}", tuple(rules), demand)
+        hold = BudgetHold(f"h{self._nonce}{next(self._serial):x}", tuple(rules), demand)
         amounts = tuple(demand.get(rule.dimension) for rule in rules)
-        self._entries[hold.id] = _Entry(hold, amounts)
+        self._entries[hold.id] = _Entry(hold, amounts, time.monotonic())
         asks = [
             Hold(self._key(rule), hold.id, amount, rule.limit, self.usage(rule), self._ttl_ms)
             for rule, amount in zip(rules, amounts, strict=True)
@@ -273,6 +281,7 @@ class BudgetBook:
             return []
         entry.amounts = tuple(used.get(rule.dimension) for rule in hold.rules)
         entry.settled = True
+        entry.written_at = time.monotonic()
         self._settled[request_id] = hold.id
         while len(self._settled) > RECENT_LIMIT:
             _, dropped = self._settled.popitem(last=False)
@@ -345,12 +354,20 @@ class BudgetBook:
             self._count_unheld(self._unheld.pop(request_id), add=False)
 
     def touches(self, *, now: float | None = None) -> list[HoldUpdate]:
-        """Every own hold written again for another ``ttl_s``, every ``ttl_s / 4``."""
+        """Every ``ttl_s / 4``, the own holds not written for that long, written again for
+        another ``ttl_s``: none goes unwritten for more than ``ttl_s / 2``. Most holds live a
+        few seconds (placed, settled, dropped once the rollups show them), so under load a
+        touch rewrites the few that live long (long streams; everything while the ledger is
+        away), not thousands of holds written a moment ago."""
         now = time.monotonic() if now is None else now
-        if now - self._touched_at < self.ttl_s / 4:
+        quarter = self.ttl_s / 4
+        if now - self._touched_at < quarter:
             return []
         self._touched_at = now
-        return [update for entry in self._entries.values() for update in self._puts(entry)]
+        stale = [e for e in self._entries.values() if now - e.written_at >= quarter]
+        for entry in stale:
+            entry.written_at = now
+        return [update for entry in stale for update in self._puts(entry)]
 
     def _puts(self, entry: _Entry) -> list[HoldUpdate]:
         return [
