@@ -72,7 +72,7 @@ class DatabaseModeSettings:
     """How often budget rules' usage is re-read from the rollups (FLEET_BUDGET_REFRESH_S)."""
     budget_hold_ttl_s: float = 60.0
     """A budget hold whose gateway stopped touching it (crashed) expires after this long
-    (FLEET_BUDGET_HOLD_TTL_S); a live gateway touches its holds every quarter of it."""
+    (FLEET_BUDGET_HOLD_TTL_S); a live gateway writes each of its holds again within half of it."""
     key_usage_interval_s: float = 5.0
     """How often the keys seen are written as ``last_used_at`` (one UPDATE for all of them)."""
 
