@@ -118,10 +118,22 @@ async def open_database_mode(
                 await key_usage.flush()
 
 
+ENGINE_KEEP_ALIVE_S = 4.0
+"""How long an idle connection to an engine is kept for reuse: under the 5 s after which vLLM's
+uvicorn and llama.cpp's server close an idle connection (aiohttp's default is 15 s), so the
+gateway closes it first. Reusing one the engine is closing at that moment fails the request with
+"server disconnected" before the engine read it, and counts against a healthy endpoint."""
+
+
 @contextlib.asynccontextmanager
 async def open_resources(settings: GatewaySettings) -> AsyncIterator[GatewayResources]:
     config = settings.config
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+    connector = aiohttp.TCPConnector(
+        limit=0,
+        ttl_dns_cache=300,
+        enable_cleanup_closed=True,
+        keepalive_timeout=ENGINE_KEEP_ALIVE_S,
+    )
     timeout = aiohttp.ClientTimeout(
         total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
     )
