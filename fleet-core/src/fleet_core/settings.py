@@ -106,7 +106,11 @@ class GatewaySettings:
     """The operator console at ``/``: its built files and the control plane it calls."""
     metrics_dir: Path | None = None
     """In a worker of ``--workers N``: the directory every worker's metrics are written to and
-    summed from (PROMETHEUS_MULTIPROC_DIR, set by the supervisor); None: one process."""
+    summed from (FLEET_WORKER_METRICS_DIR, set by the supervisor); None: one process."""
+    metrics_flush_s: float = 1.0
+    """In a worker of ``--workers N``: at most how long after a change its metrics reach the
+    shared files, so how old the other workers' counts in a scrape may be
+    (FLEET_METRICS_FLUSH_S)."""
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -214,6 +218,7 @@ def from_env(env: Mapping[str, str], config: GatewayConfig) -> GatewaySettings:
         control_plane_token=control_plane_token,
         engine_key=secret_from_env(env, "FLEET_ENGINE_KEY"),
         shutdown_grace_s=_float(env, "FLEET_SHUTDOWN_GRACE_S", 30.0),
+        metrics_flush_s=_float(env, "FLEET_METRICS_FLUSH_S", 1.0),
         log=LogSettings(
             format=_choice(env, "FLEET_LOG_FORMAT", "text", ("text", "json")),
             level=_choice(env, "FLEET_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),

@@ -23,6 +23,8 @@ import psycopg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import CollectorRegistry
 
 from fleet_core.errors import ConfigError
 from fleet_core.gateway import workers
@@ -196,11 +198,24 @@ async def test_a_scrape_after_k_requests_shows_k_whichever_worker_answers(
         assert Counter(statuses) == {200: k}
         assert len(per_worker) == 2, per_worker
         assert min(per_worker) > 0, per_worker
-        scrapes = [await _scrape(url) for _ in range(6)]  # new connections: both workers answer
+        # The other worker's counts reach the files within FLEET_METRICS_FLUSH_S (1 s): poll.
+        scrapes = await _until_every_scrape_shows(url, k, within_s=15)
     for text in scrapes:
         assert _sample(text, "fleet_requests_total") == k
         assert _sample(text, "fleet_request_duration_seconds_count") == k
         assert _sample(text, "fleet_requests_in_flight") == 0
+
+
+async def _until_every_scrape_shows(url: str, k: int, *, within_s: float) -> list[str]:
+    """Six scrapes in a row (new connections: both workers answer) that all count ``k``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while True:
+        scrapes = [await _scrape(url) for _ in range(6)]
+        counted = [_sample(text, "fleet_requests_total") for text in scrapes]
+        if counted == [k] * 6 or loop.time() > deadline:
+            return scrapes
+        await asyncio.sleep(0.2)
 
 
 async def _scrape(url: str) -> str:
@@ -242,6 +257,69 @@ async def test_sigterm_drains_every_worker(
     assert code == 0, stderr
     assert stderr.count("stopped") == 2, stderr  # both workers drained and stopped
     assert stderr.count(f"({server})") == 2, stderr  # each served by the server asked for
+
+
+async def test_a_workers_counts_reach_the_files_in_its_sigterm_drain(tmp_path: Path) -> None:
+    """One worker process with a flush interval of an hour, so only its drain can write: after
+    SIGTERM, with streams still open, every request it served is in the files, none in flight."""
+    env = {"FLEET_METRICS_FLUSH_S": "3600", workers.METRICS_DIR_ENV: str(tmp_path / "metrics")}
+    (tmp_path / "metrics").mkdir()
+    reply = " ".join(["word"] * 20)
+    async with (
+        running_stub(StubSettings(model="m", token_delay_ms=50, reply=reply)) as engine,
+        _one_worker(tmp_path, engine, env) as (url, proc),
+        burst_client() as http,
+    ):
+        assert [await chat(http, url, 5) for _ in range(9)] == [200] * 9
+        started = [asyncio.Event() for _ in range(4)]
+        streams = [asyncio.create_task(_stream(http, url, s)) for s in started]
+        await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), 30)
+        assert _files_sum(tmp_path / "metrics", "fleet_requests_total") == 0  # not yet
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.gather(*streams) == [(20, True)] * 4
+        assert await asyncio.to_thread(proc.wait, 40) == 0
+    assert _files_sum(tmp_path / "metrics", "fleet_requests_total") == 13
+    assert _files_sum(tmp_path / "metrics", "fleet_request_duration_seconds_count") == 13
+    assert _files_sum(tmp_path / "metrics", "fleet_time_to_first_token_seconds_count") == 4
+    assert _files_sum(tmp_path / "metrics", "fleet_requests_in_flight") == 0
+    assert [p.name for p in (tmp_path / "metrics").glob("gauge_livesum_*.db")] == [
+        f"gauge_livesum_{proc.pid}.db"  # the name the supervisor removes when the worker is gone
+    ]
+
+
+@contextlib.asynccontextmanager
+async def _one_worker(
+    tmp_path: Path, engine: str, env: dict[str, str]
+) -> AsyncIterator[tuple[str, subprocess.Popen[str]]]:
+    """Worker 0 of ``--workers 2`` run on its own, as the supervisor would start it."""
+    config = tmp_path / "fleet.yaml"
+    config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
+    port = free_port()
+    proc = _worker_zero(config, port, env)
+    try:
+        await asyncio.to_thread(wait_until_up, f"http://127.0.0.1:{port}", proc)
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            await asyncio.to_thread(proc.wait, 30)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def _worker_zero(config: Path, port: int, env: dict[str, str]) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "fleet_core.gateway", "--config", str(config)]
+    command += ["--listen", f"127.0.0.1:{port}", "--workers", "2", "--worker", "0"]
+    full = {**os.environ, "FLEET_ACCESS_LOG": "false", **env}
+    return subprocess.Popen(command, env=full, stderr=subprocess.PIPE, text=True)
+
+
+def _files_sum(directory: Path, name: str) -> float:
+    """``name`` summed over every worker's file, as any worker's scrape sums them."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
+    found = [s for family in registry.collect() for s in family.samples if s.name == name]
+    return sum(s.value for s in found)
 
 
 async def _stream(http: httpx.AsyncClient, url: str, started: asyncio.Event) -> tuple[int, bool]:

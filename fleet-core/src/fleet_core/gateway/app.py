@@ -171,7 +171,10 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     router = Router(config, registry, engine_key=settings.engine_key or "")
     proxy = Proxy(resources.session, registry, queue_timeout=config.queue_timeout_s)
     metrics = GatewayMetrics(
-        endpoints=router.readiness, signals=router.signals, multiprocess_dir=settings.metrics_dir
+        endpoints=router.readiness,
+        signals=router.signals,
+        multiprocess_dir=settings.metrics_dir,
+        flush_interval_s=settings.metrics_flush_s,
     )
     database = resources.database
     directory: Directory = (
@@ -252,6 +255,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
             # store's client closes (open_resources closes it after this lifespan ends).
             await service.drain(timeout_s=config.usage_grace_s + 5)
             await admission.drain()
+            metrics.flush()  # a worker's last counts reach the shared files before it exits
 
     middleware = web.middleware(
         access_log=settings.log.access, cors_origins=settings.admission.cors_origins

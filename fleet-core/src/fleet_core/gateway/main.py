@@ -116,7 +116,7 @@ def _needs_shared_store(settings: GatewaySettings, count: int) -> None:
 
 
 def _as_worker(settings: GatewaySettings, index: int, env: dict[str, str]) -> GatewaySettings:
-    metrics_dir = env.get("PROMETHEUS_MULTIPROC_DIR")
+    metrics_dir = env.get(workers.METRICS_DIR_ENV)
     if not metrics_dir:
         raise ConfigError("--worker is set by fleet-gateway --workers N; do not pass it yourself")
     database = settings.database

@@ -7,8 +7,11 @@ connections over them. What the workers share, and how:
 
 - Rate limits and budget holds: Redis (``FLEET_REDIS_URL``). The memory store is per process, so
   limits or database mode with N > 1 and no Redis refuse to start.
-- Metrics: prometheus_client's multiprocess files in a directory the supervisor creates and hands
-  every worker as ``PROMETHEUS_MULTIPROC_DIR``; any worker's ``/metrics`` sums them all.
+- Metrics: each worker keeps its own in memory and writes them in batches (at most a second
+  apart, and as it stops) to prometheus_client's multiprocess files in a directory the supervisor
+  creates and hands every worker as ``FLEET_WORKER_METRICS_DIR``; any worker's ``/metrics`` sums
+  them all (``metering/flushing.py``). ``PROMETHEUS_MULTIPROC_DIR`` is kept out of the workers'
+  environment: it would make prometheus_client write a file on every update.
 - The ledger: one writer per worker (they insert distinct request ids), each with its own spool
   file (worker 0 keeps ``FLEET_LEDGER_SPOOL``, worker I appends ``-I`` to its stem); spools left
   by workers of an earlier run with more workers are handed to the workers of this one.
@@ -36,7 +39,17 @@ from prometheus_client import multiprocess
 
 from fleet_core.errors import ConfigError
 
-__all__ = ["adopt_orphan_spools", "cores_available", "parse_workers", "spool_for", "supervise"]
+__all__ = [
+    "METRICS_DIR_ENV",
+    "adopt_orphan_spools",
+    "cores_available",
+    "parse_workers",
+    "spool_for",
+    "supervise",
+]
+
+METRICS_DIR_ENV = "FLEET_WORKER_METRICS_DIR"
+"""Where the supervisor tells its workers to write their metrics files."""
 
 CGROUP_V2_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 CGROUP_V1_QUOTA = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
@@ -126,7 +139,8 @@ def supervise(worker_argv: Sequence[str], count: int, *, grace_s: float) -> int:
     """Run ``count`` workers (``python -m fleet_core.gateway *worker_argv --worker I``) until a
     signal or a worker's exit; the exit status for the supervisor."""
     with tempfile.TemporaryDirectory(prefix="fleet-metrics-") as metrics_dir:
-        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+        env = {**os.environ, METRICS_DIR_ENV: metrics_dir}
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # in-memory values; flushing.py writes files
         base = [sys.executable, "-m", "fleet_core.gateway", *worker_argv]
         workers = [subprocess.Popen([*base, "--worker", str(i)], env=env) for i in range(count)]
         return _Supervisor(workers, metrics_dir).run(grace_s=grace_s)

@@ -9,11 +9,13 @@ Each ``GatewayMetrics`` owns its ``CollectorRegistry`` — never prometheus_clie
 the resources object holds it like any other dependency, and two apps (or two tests) in one process
 never add into each other's counters (STYLE §2).
 
-With ``fleet-gateway --workers N`` each worker is its own process: its metrics go to
-prometheus_client's multiprocess files (``multiprocess_dir``, the ``PROMETHEUS_MULTIPROC_DIR`` the
-supervisor gives every worker), and a scrape, whichever worker answers it, sums every worker's
-counters and histograms and the live workers' in-flight gauges. Endpoint readiness is the
-answering worker's own view (every worker checks every endpoint).
+With ``fleet-gateway --workers N`` each worker is its own process: it keeps its metrics in memory
+as one process does, and ``flushing.WorkerFiles`` copies them in batches (within
+``flush_interval_s`` of a change, before this worker renders, at shutdown) to prometheus_client's
+multiprocess files in ``multiprocess_dir``, the directory the supervisor gives every worker. A
+scrape, whichever worker answers it, sums every worker's counters and histograms and the live
+workers' in-flight gauges: its own current, the others' at most ``flush_interval_s`` old. Endpoint
+readiness is the answering worker's own view (every worker checks every endpoint).
 
 Guarantee: no label value ever carries an API key or a key id. ``UsageRecord.key_id`` is never
 used as a label, and every label value taken from a record or a caller passes a check here:
@@ -24,6 +26,7 @@ Endpoint URLs lose any userinfo, query and fragment, where credentials could hid
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,6 +38,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from fleet_core.metering.flushing import WorkerFiles
 from fleet_core.metering.records import UsageRecord
 
 __all__ = ["LATENCY_BUCKETS", "EndpointSignals", "EndpointStates", "GatewayMetrics"]
@@ -59,6 +63,10 @@ def _no_endpoints() -> Iterable[tuple[str, str, bool]]:
     return ()
 
 
+def _unchanged() -> None:
+    pass
+
+
 def _no_signals() -> Iterable[tuple[str, str, float | None, int | None, int | None]]:
     return ()
 
@@ -72,12 +80,25 @@ class GatewayMetrics:
         endpoints: EndpointStates = _no_endpoints,
         signals: EndpointSignals = _no_signals,
         multiprocess_dir: Path | None = None,
+        flush_interval_s: float = 1.0,
+        pid: int | None = None,
     ) -> None:
-        self._registry = CollectorRegistry()
-        self._exposed = self._registry if multiprocess_dir is None else CollectorRegistry()
+        """``multiprocess_dir``: a worker's shared directory (None: one process); ``pid`` names
+        this worker's files there (default: this process's, which the supervisor knows)."""
+        self._registry = registry = CollectorRegistry()
+        self._exposed = registry
+        self._files: WorkerFiles | None = None
+        self._changed: Callable[[], None] = _unchanged  # no files: nothing to schedule
         if multiprocess_dir is not None:
+            self._exposed = CollectorRegistry()
             MultiProcessCollector(self._exposed, path=str(multiprocess_dir))  # type: ignore[no-untyped-call]
-        registry = self._registry
+            self._files = WorkerFiles(
+                registry,
+                multiprocess_dir,
+                pid=os.getpid() if pid is None else pid,
+                interval_s=flush_interval_s,
+            )
+            self._changed = self._files.changed
         scope = ("tenant", "project", "model")
         self._requests = Counter(
             "fleet_requests_total",
@@ -150,6 +171,7 @@ class GatewayMetrics:
             if amount > 0:
                 self._tokens_by(*labels, side).inc(amount)
         self._observe_latency(record, labels.model)
+        self._changed()
 
     def _observe_latency(self, record: UsageRecord, model: str) -> None:
         self._duration_by(model).observe(_elapsed(record.received_at, record.done_at))
@@ -158,9 +180,11 @@ class GatewayMetrics:
 
     def request_started(self, model: str) -> None:
         self._in_flight_by(model).inc()
+        self._changed()
 
     def request_finished(self, model: str) -> None:
         self._in_flight_by(model).dec()
+        self._changed()
 
     def refused(self, *, tenant: str, project: str, level: str, dimension: str) -> None:
         """One request refused by a limit or budget; ``tenant``/``project`` are names, never a
@@ -168,15 +192,24 @@ class GatewayMetrics:
         self._refusals.labels(
             _keyless(tenant), _keyless(project), _keyless(level), _keyless(dimension)
         ).inc()
+        self._changed()
 
     def store_error(self) -> None:
         self._store_errors.inc()
+        self._changed()
 
     def settlement_dropped(self) -> None:
         self._settlements_dropped.inc()
+        self._changed()
+
+    def flush(self) -> None:
+        """A worker's values to the shared files now, e.g. as it stops; nothing in one process."""
+        if self._files is not None:
+            self._files.flush()
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """The exposition and its content type: OpenMetrics if ``accept`` asks, else text 0.0.4."""
+        self.flush()  # this worker's own counts are current in its own scrape
         encode, content_type = choose_encoder(accept or "")
         return encode(self._exposed), content_type
 
