@@ -7,11 +7,12 @@ connections over them. What the workers share, and how:
 
 - Rate limits and budget holds: Redis (``FLEET_REDIS_URL``). The memory store is per process, so
   limits or database mode with N > 1 and no Redis refuse to start.
-- Metrics: each worker keeps its own in memory and writes them in batches (at most a second
-  apart, and as it stops) to prometheus_client's multiprocess files in a directory the supervisor
-  creates and hands every worker as ``FLEET_WORKER_METRICS_DIR``; any worker's ``/metrics`` sums
-  them all (``metering/flushing.py``). ``PROMETHEUS_MULTIPROC_DIR`` is kept out of the workers'
-  environment: it would make prometheus_client write a file on every update.
+- Metrics: each worker keeps its own in memory and writes them in batches (within
+  ``FLEET_METRICS_FLUSH_S`` of a change, and as it stops) to prometheus_client's multiprocess
+  files in a directory the supervisor creates and hands every worker as
+  ``FLEET_WORKER_METRICS_DIR``; any worker's ``/metrics`` sums them all (``metering/flushing.py``).
+  ``PROMETHEUS_MULTIPROC_DIR`` is kept out of the workers' environment: it would make
+  prometheus_client write a file on every update.
 - The ledger: one writer per worker (they insert distinct request ids), each with its own spool
   file (worker 0 keeps ``FLEET_LEDGER_SPOOL``, worker I appends ``-I`` to its stem); spools left
   by workers of an earlier run with more workers are handed to the workers of this one.

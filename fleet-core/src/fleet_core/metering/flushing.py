@@ -1,8 +1,8 @@
 """A worker's metrics written to prometheus_client's multiprocess files in batches.
 
 prometheus_client's own multiprocess mode backs every value with an mmap'd file: each ``inc`` or
-``observe`` takes a process-wide lock and writes the file. Measured in a ``--workers 2`` gateway,
-that was about 6.5% of a worker's CPU against 0.8% for the same metrics held in memory. So a
+``observe`` takes a process-wide lock and writes the file: py-spy found prometheus_client in 3-4%
+of a ``--workers 2`` gateway's samples, 1.5% with values in memory (ADR 0002). So a
 worker keeps plain in-memory metrics (prometheus_client's single-process values) and this module
 copies them into the same files, in the same format, in batches: within ``interval_s`` of any
 change (a timer in the worker's event loop, armed by the first change after a write), just before
@@ -31,7 +31,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.registry import CollectorRegistry
 
-__all__ = ["WorkerFiles", "file_entries"]
+__all__ = ["WorkerFiles"]
 
 log = logging.getLogger("fleet.metrics")
 
@@ -63,7 +63,7 @@ class WorkerFiles:
         self._interval_s = interval_s
         self._gauge_kind = f"gauge_{gauge_mode}"
         self._timer: asyncio.TimerHandle | None = None
-        self._keys = Keys()
+        self._keys = _Keys()
         self._lock = threading.Lock()
 
     def changed(self) -> None:
@@ -87,7 +87,7 @@ class WorkerFiles:
 
     def _write_all(self) -> None:
         by_kind: dict[str, list[tuple[str, float]]] = {}
-        entries = file_entries(self._registry, gauge_kind=self._gauge_kind, keys=self._keys)
+        entries = _file_entries(self._registry, gauge_kind=self._gauge_kind, keys=self._keys)
         for kind, key, value in entries:
             by_kind.setdefault(kind, []).append((key, value))
         for kind, values in by_kind.items():
@@ -109,7 +109,7 @@ def _write(path: Path, values: list[tuple[str, float]]) -> None:
         db.close()  # type: ignore[no-untyped-call]
 
 
-class Keys:
+class _Keys:
     """mmap keys by series, made once: the key is JSON, the dearest part of a write."""
 
     def __init__(self) -> None:
@@ -125,11 +125,11 @@ class Keys:
         return key
 
 
-def file_entries(
-    registry: CollectorRegistry, *, gauge_kind: str, keys: Keys | None = None
+def _file_entries(
+    registry: CollectorRegistry, *, gauge_kind: str, keys: _Keys | None = None
 ) -> Iterator[Entry]:
     """What prometheus_client's multiprocess values would hold for ``registry``'s metrics."""
-    key = Keys() if keys is None else keys
+    key = _Keys() if keys is None else keys
     for family in registry.collect():
         if family.type == "counter":
             yield from _entries(family, "counter", key, suffix="_total")
@@ -140,14 +140,14 @@ def file_entries(
             yield from _bucket_entries(family, key)
 
 
-def _entries(family: Metric, kind: str, key: Keys, *, suffix: str) -> Iterator[Entry]:
+def _entries(family: Metric, kind: str, key: _Keys, *, suffix: str) -> Iterator[Entry]:
     name = family.name + suffix
     for sample in family.samples:
         if sample.name == name:
             yield kind, key(family, name, sample.labels), sample.value
 
 
-def _bucket_entries(family: Metric, key: Keys) -> Iterator[Entry]:
+def _bucket_entries(family: Metric, key: _Keys) -> Iterator[Entry]:
     """Each bucket's own count: the exposition's cumulative counts, less the bucket below."""
     below: dict[tuple[tuple[str, str], ...], float] = {}
     name = family.name + "_bucket"
