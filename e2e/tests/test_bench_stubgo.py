@@ -3,12 +3,15 @@
 The gateway and database benches run every row against this stub, so its answers must pass
 through the gateway and satisfy both clients the benches and users run: the official OpenAI SDK
 (plain and streamed, with usage) and the Go load generator. The gateway holds an engine key the
-stub demands, and must see the stub healthy. Marked ``e2e`` (``make e2e``, where Go is required):
-without ``go`` this fails rather than skips.
+stub demands, and must see the stub healthy. The soak bench paces the stub's tokens
+(``FLEET_STUB_TOKEN_DELAY_MS``) so that a client can leave a stream mid-way. Marked ``e2e``
+(``make e2e``, where Go is required): without ``go`` this fails rather than skips.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -51,14 +54,18 @@ def _until(url: str, process: subprocess.Popen[bytes], *, ok: str | None = None)
     raise AssertionError(f"{url} never answered as expected")
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[str]:
+def _binary() -> Path:
     binary = gobuild.binary(stub.SOURCE)
     assert isinstance(binary, Path), f"no Go stub: {binary}"
+    return binary
+
+
+@contextlib.contextmanager
+def _stub(env: dict[str, str]) -> Iterator[str]:
     port = _port()
     process = subprocess.Popen(
-        [str(binary), str(port), MODEL],
-        env={**os.environ, "FLEET_STUB_API_KEY": ENGINE_KEY},
+        [str(_binary()), str(port), MODEL],
+        env={**os.environ, **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -69,6 +76,21 @@ def engine() -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[str]:
+    with _stub({"FLEET_STUB_API_KEY": ENGINE_KEY}) as url:
+        yield url
+
+
+DELAY_MS = 60
+
+
+@pytest.fixture(scope="module")
+def paced() -> Iterator[str]:
+    with _stub({"FLEET_STUB_TOKEN_DELAY_MS": str(DELAY_MS)}) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +171,64 @@ def test_the_load_generator_counts_no_errors(gateway: str, cell: str) -> None:
     figures = generator.run(gateway, cell, None, 1.0)
     assert figures["requests"] > 0
     assert figures["errors"] == 0
+
+
+def _body(stream: bool) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+
+
+def test_a_paced_stream_sends_each_token_after_its_delay(paced: str) -> None:
+    """The role frame goes at once and every token frame is flushed after its delay: from the
+    first frame to [DONE] at least one delay per token after the first passes."""
+    arrivals: list[tuple[float, str]] = []
+    with httpx.stream("POST", paced + "/v1/chat/completions", json=_body(True)) as answer:
+        assert answer.status_code == 200
+        arrivals += [(time.monotonic(), line) for line in answer.iter_lines() if line]
+    assert arrivals[-1][1] == "data: [DONE]"
+    text = "".join(
+        frame["choices"][0]["delta"].get("content") or ""
+        for frame in (json.loads(line[6:]) for _, line in arrivals[:-1])
+    )
+    assert text == REPLY
+    assert arrivals[-1][0] - arrivals[0][0] >= (WORDS - 1) * DELAY_MS / 1000
+
+
+def test_a_paced_whole_reply_waits_one_delay_per_token(paced: str) -> None:
+    started = time.monotonic()
+    answer = httpx.post(paced + "/v1/chat/completions", json=_body(False), timeout=10)
+    assert answer.json()["choices"][0]["message"]["content"] == REPLY
+    assert time.monotonic() - started >= WORDS * DELAY_MS / 1000
+
+
+def test_a_client_leaving_a_paced_stream_ends_the_request() -> None:
+    """A second a token: the stream would last 11 s; the client's leaving ends it well before."""
+    with _stub({"FLEET_STUB_TOKEN_DELAY_MS": "1000"}) as slow:
+        with httpx.stream("POST", slow + "/v1/chat/completions", json=_body(True)) as answer:
+            lines = answer.iter_lines()  # kept: a dropped iterator closes the response
+            assert next(lines).startswith("data: ")  # the role frame; then the client leaves
+            assert _running(slow) == 1
+        deadline = time.monotonic() + 5
+        while _running(slow) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _running(slow) == 0
+
+
+def _running(url: str) -> int:
+    text = httpx.get(url + "/metrics").text
+    line = next(x for x in text.splitlines() if x.startswith("vllm:num_requests_running{"))
+    return int(line.rsplit(" ", 1)[1])
+
+
+@pytest.mark.parametrize("value", ["soon", "-1"])
+def test_a_bad_token_delay_refuses_to_start_with_one_line(value: str) -> None:
+    done = subprocess.run(
+        [str(_binary()), str(_port()), MODEL],
+        env={**os.environ, "FLEET_STUB_TOKEN_DELAY_MS": value},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f'stubgo: FLEET_STUB_TOKEN_DELAY_MS must be milliseconds from 0 to 60000, not "{value}"'
+    ]

@@ -8,6 +8,9 @@
 // library only, so the engine costs a fraction of the CPU the gateway under test does.
 //
 // Usage: stubgo PORT [MODEL]. When FLEET_STUB_API_KEY is set, /v1 routes require it as a bearer.
+// FLEET_STUB_TOKEN_DELAY_MS (milliseconds, default 0) is the Python stub's --token-delay-ms: a
+// stream sends its role frame at once, then waits that long before each token frame (flushed one
+// by one); a whole response waits that long per token before it is sent.
 package main
 
 import (
@@ -56,6 +59,7 @@ type stub struct {
 	tokens  []string // the reply, one word a token, the separating space on the later word
 	running atomic.Int64
 	models  []byte
+	delay   time.Duration // before each generated token (FLEET_STUB_TOKEN_DELAY_MS)
 }
 
 func main() {
@@ -73,6 +77,10 @@ func main() {
 		model = os.Args[2]
 	}
 	s := &stub{model: model, key: os.Getenv("FLEET_STUB_API_KEY")}
+	if s.delay, err = tokenDelay(os.Getenv("FLEET_STUB_TOKEN_DELAY_MS")); err != nil {
+		fmt.Fprintln(os.Stderr, "stubgo:", err)
+		os.Exit(2)
+	}
 	for i, word := range strings.Fields(reply) {
 		if i > 0 {
 			word = " " + word
@@ -96,6 +104,33 @@ func main() {
 	if err := server.ListenAndServe(); err != nil {
 		fmt.Fprintln(os.Stderr, "stubgo:", err)
 		os.Exit(1)
+	}
+}
+
+// tokenDelay reads FLEET_STUB_TOKEN_DELAY_MS: milliseconds (fractions allowed), empty for none.
+func tokenDelay(value string) (time.Duration, error) {
+	if value == "" {
+		return 0, nil
+	}
+	ms, err := strconv.ParseFloat(value, 64)
+	if err != nil || ms < 0 || ms > 60_000 {
+		return 0, fmt.Errorf("FLEET_STUB_TOKEN_DELAY_MS must be milliseconds from 0 to 60000, not %q", value)
+	}
+	return time.Duration(ms * float64(time.Millisecond)), nil
+}
+
+// wait sleeps d, or less when the client has gone; false when it has.
+func wait(r *http.Request, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-r.Context().Done():
+		return false
 	}
 }
 
@@ -159,7 +194,10 @@ func (s *stub) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	created := time.Now().Unix()
 	if req.Stream {
 		includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-		s.stream(w, chat, id, created, s.tokens[:n], finish, use, includeUsage)
+		s.stream(w, r, chat, id, created, s.tokens[:n], finish, use, includeUsage)
+		return
+	}
+	if !wait(r, s.delay*time.Duration(n)) {
 		return
 	}
 	text := strings.Join(s.tokens[:n], "")
@@ -180,9 +218,10 @@ func (s *stub) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 
 // stream writes vLLM's framing: the chat role frame, one frame per token (a reply cut by
 // max_tokens finishes on its last one; otherwise an empty "stop" frame closes it), the usage
-// frame when asked for (then every chunk carries "usage": null), and [DONE].
-func (s *stub) stream(w http.ResponseWriter, chat bool, id string, created int64, tokens []string,
-	finish string, use usage, includeUsage bool) {
+// frame when asked for (then every chunk carries "usage": null), and [DONE]. With a token delay,
+// the frames before the first token go at once and each token frame after its delay.
+func (s *stub) stream(w http.ResponseWriter, r *http.Request, chat bool, id string, created int64,
+	tokens []string, finish string, use usage, includeUsage bool) {
 	object := "text_completion"
 	if chat {
 		object = "chat.completion.chunk"
@@ -213,8 +252,11 @@ func (s *stub) stream(w http.ResponseWriter, chat bool, id string, created int64
 	if chat {
 		frame(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`)
 	}
+	ends := make([]int, 0, len(tokens)+1) // where the opening and then each token frame end
+	ends = append(ends, buf.Len())
 	for i, token := range tokens {
 		frame(content(token, finish == "length" && i == len(tokens)-1))
+		ends = append(ends, buf.Len())
 	}
 	if finish == "stop" {
 		frame(content("", true))
@@ -228,7 +270,31 @@ func (s *stub) stream(w http.ResponseWriter, chat bool, id string, created int64
 	buf.WriteString("data: [DONE]\n\n")
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-cache")
-	w.Write(buf.Bytes())
+	if s.delay == 0 {
+		w.Write(buf.Bytes())
+		return
+	}
+	s.paced(w, r, buf.Bytes(), ends)
+}
+
+// paced writes body up to ends[0] at once, then each later piece up to ends[i] after the token
+// delay, flushed, and the rest (closing, usage, [DONE]) last; it stops when the client leaves.
+func (s *stub) paced(w http.ResponseWriter, r *http.Request, body []byte, ends []int) {
+	flusher, _ := w.(http.Flusher)
+	start := 0
+	for i, end := range ends {
+		if i > 0 && !wait(r, s.delay) {
+			return
+		}
+		if _, err := w.Write(body[start:end]); err != nil {
+			return
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		start = end
+	}
+	w.Write(body[start:])
 }
 
 func promptTokens(req request, chat bool) int {
