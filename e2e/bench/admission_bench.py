@@ -3,6 +3,10 @@ limiter alone versus ``redis-benchmark`` sending the same EVALSHA to the same se
 
 Targets: limits cost at most 15% of throughput and 1 ms at p50; the limiter's admissions/s come
 close to what Redis itself sustains for that script (the remainder is the Python client).
+
+Every gateway is ``fleet-gateway`` as shipped (``shipped``: one worker, its default server), in
+front of the gateway section's stub engine (``stub``: Go, or Python without ``go``), under the
+Go load generator (``generator``); the section names each one that ran.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from urllib.parse import urlsplit
 import redis
 import uvloop
 
-from bench import generator
+from bench import generator, shipped, stub
 from bench.gateway_bench import (
     ROUNDS,
     SECONDS,
@@ -68,30 +72,16 @@ def gateways(url: str) -> Iterator[tuple[str, str, str]]:
         fleet_yaml.write_text(
             f"upstreams:\n  - id: bench\n    model: bench\n    base_url: {direct}\n"
         )
-        stack.enter_context(
-            process(
-                [
-                    sys.executable,
-                    "-m",
-                    "fleet_core.stub_engine",
-                    "--port",
-                    str(engine),
-                    "--model",
-                    "bench",
-                ],
-                direct + "/health",
-            )
-        )
-        base = [sys.executable, "-m", "bench.serve", "hypercorn", "gateway"]
-        off_url, on_url = f"http://127.0.0.1:{off}", f"http://127.0.0.1:{on}"
-        stack.enter_context(process([*base, str(off), str(fleet_yaml)], off_url + "/healthz"))
-        env = {**LIMITS_ON, "FLEET_REDIS_URL": url, "FLEET_REDIS_PREFIX": "bench:"}
-        stack.enter_context(process([*base, str(on), str(fleet_yaml)], on_url + "/healthz", env))
-        memory_url = f"http://127.0.0.1:{memory}"
-        stack.enter_context(
-            process([*base, str(memory), str(fleet_yaml)], memory_url + "/healthz", LIMITS_ON)
-        )
-        yield off_url, on_url, memory_url
+        stack.enter_context(process(stub.command(engine, "bench"), direct + "/health"))
+
+        def gateway(port: int, env: dict[str, str]) -> str:
+            url = f"http://127.0.0.1:{port}"
+            command = shipped.command(fleet_yaml, port)
+            stack.enter_context(process(command, url + "/healthz", {**shipped.ENV, **env}))
+            return url
+
+        redis_env = {**LIMITS_ON, "FLEET_REDIS_URL": url, "FLEET_REDIS_PREFIX": "bench:"}
+        yield gateway(off, {}), gateway(on, redis_env), gateway(memory, LIMITS_ON)
 
 
 def buckets(prefix: str) -> list[Bucket]:
@@ -202,9 +192,11 @@ def report(result: dict[str, object]) -> list[str]:
     lines = [
         "## Admission cost (issue 4)",
         "",
-        "The gateway on hypercorn against the stub engine, with keys and tenant + project",
-        "limits in Redis (4 buckets per request, one EVALSHA to admit, one to settle) versus",
-        "auth and limits off; medians of interleaved rounds.",
+        "The gateway against the stub engine, with keys and tenant + project limits in Redis",
+        "(4 buckets per request, one EVALSHA to admit, one to settle) versus auth and limits",
+        f"off; medians of {ROUNDS} interleaved rounds.",
+        shipped.describe(),
+        stub.describe(),
         generator.describe(),
         "",
         "| gateway | sequential req/s / p50 / p99 | plain c=64 req/s / p50 / p99 |",

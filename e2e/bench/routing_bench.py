@@ -2,9 +2,14 @@
 and latency against least-outstanding, the load spread of a hot prefix, and the fair queue's
 wait bound. ``FLEET_BENCH_ONLY=routing`` runs this section.
 
-Stub engines and the gateway are separate processes, as in the gateway section; the load comes
-from this process (aiohttp, closed loop). The stubs model what matters: a KV-pressured engine
-answers slower (it would preempt), a cached prompt prefix answers faster.
+Stub engines and the gateway are separate processes, as in the gateway section; the gateway is
+``fleet-gateway`` as shipped (``shipped``: one worker, its default server). The stubs model what
+matters: a KV-pressured engine answers slower (it would preempt), a cached prompt prefix answers
+faster. So the engines stay the Python stub (``fleet_core.stub_engine``), which models KV
+occupancy, a prefix cache and fixed latencies and counts them on ``/stats``, where the Go stub of
+the other sections models none of these; its CPU matters little here, as each request waits
+20-200 ms of modelled time. And the load stays in this process (aiohttp, closed loop): the Go
+generator sends one fixed body, and these clients vary the prompt and the tenant per request.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 import aiohttp
 
+from bench import shipped
 from bench.gateway_bench import free_port, median, process
 
 __all__ = ["report", "run"]
@@ -57,8 +63,7 @@ def gateway(config: dict[str, Any], env: dict[str, str] | None = None) -> Iterat
         path.write_text(json.dumps(config))  # JSON is YAML
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        args = [sys.executable, "-m", "bench.serve", "hypercorn", "gateway", str(port), str(path)]
-        with process(args, url + "/healthz", env=env):
+        with process(shipped.command(path, port), url + "/healthz", {**shipped.ENV, **(env or {})}):
             time.sleep(1.0)  # a few health rounds: signals scraped
             yield url
 
@@ -245,6 +250,10 @@ def report(results: Results) -> list[str]:
         "a KV-pressured one answers 4x slower (160 vs 40 ms), a cached prefix 10x faster (20",
         "vs 200 ms), long enough that the model, not the CPU, dominates. Least-outstanding is",
         "the gateway's policy before this section existed (for KV: the score with no penalty).",
+        shipped.describe(),
+        "Stub engines: Python (`fleet_core.stub_engine`), as the Go stub models neither KV",
+        "pressure nor a prefix cache. Load: from the bench's own process (aiohttp, closed loop),",
+        "as the Go generator sends one fixed body and these clients vary prompt and tenant.",
         "",
         "KV-pressure avoidance (2 engines, one at 95% KV occupancy, 4 clients):",
         "",
