@@ -1,13 +1,16 @@
 """Memory and growth (issue 21): the gateway under a long mixed load must come back to where it was.
 
-``FLEET_BENCH_ONLY=soak``: a gateway process (as shipped: one worker, the default server) in front
-of the stub engine takes ``FLEET_BENCH_SOAK_S`` seconds (default 1800) of bounded load from a
-client in its own process — 16 connections, each request chosen at random: non-stream (50%), a
-whole stream (35%), or a stream the client leaves after its first frame (15%). Before and after,
-the load stops and the gateway idles past the engine pool's keep-alive; then its RSS, open file
-descriptors, TCP connections and the ``fleet_requests_in_flight`` gauge are read. Targets: RSS
-growth <= 10%, in flight back to 0, descriptors and connections back to the baseline. RSS is also
-sampled during the run, to show a trend rather than two points.
+``FLEET_BENCH_ONLY=soak``: ``fleet-gateway`` as shipped (``shipped``: one worker, its default
+server) in front of the gateway section's stub engine (``stub``: Go, or Python without ``go``),
+its tokens paced 2 ms apart so that a stream lasts long enough to be left mid-way, takes
+``FLEET_BENCH_SOAK_S`` seconds (default 1800) of bounded load on 16 connections from clients in
+processes of their own: the Go load generator (``generator``) on 8 sending non-stream requests
+and on 6 reading whole streams, and a client of this module on 2 leaving every stream after its
+first frame (the Go generator has no such mode). Before and after, the load stops and the
+gateway idles past the engine pool's keep-alive; then its RSS, open file descriptors, TCP
+connections and the ``fleet_requests_in_flight`` gauge are read. Targets: RSS growth <= 10%, in
+flight back to 0, descriptors and connections back to the baseline. RSS is also sampled during
+the run, to show a trend rather than two points.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -29,13 +31,17 @@ import aiohttp
 import psutil  # type: ignore[import-untyped]
 import uvloop
 
+from bench import generator, shipped, stub
 from bench.gateway_bench import ENV, free_port, load_average, process
 
 __all__ = ["report", "run"]
 
 SOAK_S = float(os.environ.get("FLEET_BENCH_SOAK_S", "1800"))
 WARM_S = min(60.0, SOAK_S / 10)
-CONCURRENCY = 16
+PLAIN, STREAM, LEAVING = 8, 6, 2
+"""Connections: non-stream and whole streams (the Go generator), streams left (this module)."""
+CONCURRENCY = PLAIN + STREAM + LEAVING
+TOKEN_DELAY_MS = 2  # an 11-token stream lasts ~25 ms, so leaving after its first frame is mid-way
 IDLE_S = 20.0  # past aiohttp's 15 s keep-alive for idle engine connections
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "soak"}], "max_tokens": 16}
 
@@ -69,19 +75,51 @@ def _state(proc: psutil.Process, url: str) -> dict[str, float]:
 
 
 def _drive(url: str, seconds: float, samples: list[float], proc: psutil.Process) -> dict[str, int]:
-    """Run the load client for ``seconds``, sampling RSS every ~30 s; its counts."""
-    client = subprocess.Popen(
-        [sys.executable, "-m", "bench.soak_bench", url, str(CONCURRENCY), str(seconds)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=ENV,
-    )
-    while client.poll() is None:
+    """Run the load clients for ``seconds``, sampling RSS every ~30 s; their counts."""
+    span = str(seconds)
+    clients = [
+        _client_process([*generator.command(), url, str(PLAIN), span, "plain"]),
+        _client_process([*generator.command(), url, str(STREAM), span, "stream"]),
+        _client_process([sys.executable, "-m", "bench.soak_bench", url, str(LEAVING), span]),
+    ]
+    while any(c.poll() is None for c in clients):
         samples.append(proc.memory_info().rss / 2**20)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            client.wait(timeout=min(30.0, max(1.0, seconds / 20)))
+            next(c for c in clients if c.poll() is None).wait(timeout=_sample_every(seconds))
+    plain, streams, leaving = (_counts(c) for c in clients)
+    return {
+        "ok": int(plain["requests"] + streams["requests"]),
+        "left": int(leaving["left"]),
+        "errors": int(plain["errors"] + streams["errors"] + leaving["errors"]),
+    }
+
+
+def _sample_every(seconds: float) -> float:
+    return min(30.0, max(1.0, seconds / 20))
+
+
+def _client_process(args: list[str]) -> subprocess.Popen[str]:
+    """A load client; the generator's bearer key is empty (auth is off)."""
+    env = {**ENV, **generator.ENV, "FLEET_BENCH_KEY": ""}
+    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
+
+
+def _counts(client: subprocess.Popen[str]) -> dict[str, float]:
     assert client.stdout is not None
-    return json.loads(client.stdout.read())  # type: ignore[no-any-return]
+    with client.stdout:
+        out = client.stdout.read()
+    if client.wait() != 0:
+        raise SystemExit(f"bench: a soak client failed ({client.args!r})")
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+def _engine(port: int) -> tuple[list[str], dict[str, str]]:
+    """The stub engine's command and environment, its tokens paced ``TOKEN_DELAY_MS`` apart."""
+    found = stub.binary()
+    if isinstance(found, Path):
+        return [str(found), str(port), "bench"], {"FLEET_STUB_TOKEN_DELAY_MS": str(TOKEN_DELAY_MS)}
+    command = stub.python_command(port, "bench")
+    return [*command, "--token-delay-ms", str(TOKEN_DELAY_MS)], {}
 
 
 def run() -> Soak:
@@ -92,12 +130,9 @@ def run() -> Soak:
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         config = Path(tmp) / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: bench\n    model: bench\n    base_url: {direct}\n")
-        stub = [sys.executable, "-m", "fleet_core.stub_engine", "--port", str(engine)]
-        stub += ["--token-delay-ms", "2"]  # streams last ~30 ms, so leaving one is mid-way
-        stack.enter_context(process([*stub, "--model", "bench"], direct + "/health"))
-        gateway = [sys.executable, "-m", "fleet_core.gateway", "--config", str(config)]
-        gateway += ["--listen", f"127.0.0.1:{port}"]
-        stack.enter_context(process(gateway, url + "/healthz", {"FLEET_ACCESS_LOG": "false"}))
+        engine_command, engine_env = _engine(engine)
+        stack.enter_context(process(engine_command, direct + "/health", engine_env))
+        stack.enter_context(process(shipped.command(config, port), url + "/healthz", shipped.ENV))
         proc = _gateway_process(port)
         trend: list[float] = []
         _drive(url, WARM_S, [], proc)
@@ -127,11 +162,16 @@ def report(result: Soak) -> list[str]:
     return [
         "## Soak: memory and growth (issue 21)",
         "",
-        f"fleet-gateway (one worker) under {minutes:.1f} minutes of mixed load{short}:",
-        f"{CONCURRENCY} connections; non-stream 50%, whole streams 35%, streams left after the",
-        f"first frame 15%. {counts['ok']} requests answered, {counts['left']} streams left",
-        f"mid-way, {counts['errors']} errors. {result.load} at the end.",
-        f"Before and after: the load stopped and the gateway idle for {IDLE_S:.0f} s.",
+        f"fleet-gateway under {minutes:.1f} minutes of mixed load{short}:",
+        f"{CONCURRENCY} connections; {PLAIN} sending non-stream requests and {STREAM} reading "
+        "whole streams",
+        f"(the load generator), {LEAVING} leaving every stream after its first frame (a Python",
+        f"client: the Go generator has no such mode). {counts['ok']} requests answered,",
+        f"{counts['left']} streams left mid-way, {counts['errors']} errors. {result.load} at the",
+        f"end. Before and after: the load stopped and the gateway idle for {IDLE_S:.0f} s.",
+        shipped.describe(),
+        f"{stub.describe()} Its tokens {TOKEN_DELAY_MS} ms apart, so a stream lasts ~25 ms.",
+        generator.describe(),
         "",
         "| measure | before | after | target | verdict |",
         "|---|---|---|---|---|",
@@ -161,24 +201,21 @@ def _verdict(ok: bool) -> str:
 
 
 async def _client(url: str, concurrency: int, seconds: float) -> dict[str, int]:
-    counts = {"ok": 0, "left": 0, "errors": 0}
+    """``concurrency`` connections, each asking for a stream and leaving it after its first
+    frame, again and again for ``seconds``."""
+    counts = {"left": 0, "errors": 0}
     until = time.monotonic() + seconds
-    rng = random.Random(21)
 
     async def one(session: aiohttp.ClientSession) -> None:
-        roll = rng.random()
-        body = {**BODY, "stream": roll >= 0.5}
+        body = {**BODY, "stream": True}
         async with session.post(url + "/v1/chat/completions", json=body) as resp:
             if resp.status != 200:
                 counts["errors"] += 1
                 await resp.read()
-            elif roll >= 0.85:
+            else:
                 await resp.content.readuntil(b"\n\n")
                 resp.close()  # leave mid-stream: the connection is dropped, not reused
                 counts["left"] += 1
-            else:
-                await resp.read()
-                counts["ok"] += 1
 
     async def worker(session: aiohttp.ClientSession) -> None:
         while time.monotonic() < until:
