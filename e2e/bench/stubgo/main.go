@@ -252,11 +252,16 @@ func (s *stub) stream(w http.ResponseWriter, r *http.Request, chat bool, id stri
 	if chat {
 		frame(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`)
 	}
-	ends := make([]int, 0, len(tokens)+1) // where the opening and then each token frame end
-	ends = append(ends, buf.Len())
+	var ends []int // with a delay: where the opening and then each token frame end
+	mark := func() {
+		if s.delay > 0 {
+			ends = append(ends, buf.Len())
+		}
+	}
+	mark()
 	for i, token := range tokens {
 		frame(content(token, finish == "length" && i == len(tokens)-1))
-		ends = append(ends, buf.Len())
+		mark()
 	}
 	if finish == "stop" {
 		frame(content("", true))
