@@ -115,6 +115,9 @@ def stack(database: str, redis_url: str) -> Iterator[Stack]:
                 "FLEET_SYNTHETIC_HUB": "1",
                 "FLEET_MODELS_DIR": str(logs / "models"),
                 "FLEET_ACCESS_LOG": "false",
+                # the admin closes last month: without a grace it is closable even in the first
+                # hour of a month (the default 1 h grace refuses it then, for another reason)
+                "FLEET_COST_CLOSE_GRACE": "0",
             }
             argv = ["-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{api}"]
             _start(procs, "apiserver", argv, api_env, f"http://127.0.0.1:{api}/readyz")
