@@ -1,15 +1,23 @@
 // Command loadgen is the benchmarks' closed-loop load generator: N connections, each sending the
 // next request as soon as the last one ends, for a fixed time after a warm-up.
 //
-// It does what e2e/bench/load.py does (same arguments, same JSON line), with the standard
-// library's HTTP client in place of aiohttp: a Python client at ~2,400 req/s burns most of a
-// core, which on a 2-core machine is taken from the server it measures.
+// It does what e2e/bench/load.py does (same arguments, same JSON line), with a minimal HTTP/1.1
+// client of its own in place of aiohttp: a Python client at ~2,400 req/s burns most of a core,
+// which on a 2-core machine is taken from the server it measures. It is not net/http's client
+// either: that one hands every request between three goroutines (the caller, a read loop and a
+// write loop per connection) and builds a Request, a Response and header maps for each, and on
+// 2 cores shared with the server under test that cost more than a third of what a gateway worker
+// spends per request (ADR 0002, session 8). Here each connection is one goroutine that writes the
+// same prepared request bytes and reads the answer in place: the status line, the headers it
+// needs (Content-Length, Transfer-Encoding: chunked, Connection: close) and the body, discarded.
 //
 //	loadgen URL CONCURRENCY SECONDS plain|stream|first
 //
-// The bearer key, if any, comes from FLEET_BENCH_KEY (never argv). It runs on one core
-// (GOMAXPROCS=1 unless the environment sets it). "plain" and "stream" time
-// whole responses; "first" times a stream's first SSE frame, then reads the rest.
+// URL is http://HOST:PORT (no TLS). The bearer key, if any, comes from FLEET_BENCH_KEY (never
+// argv). It runs on one core (GOMAXPROCS=1 unless the environment sets it). "plain" and
+// "stream" time whole responses; "first" times a stream's first SSE frame, then reads the rest.
+// A transport error closes the connection (the next request dials again) and counts as an
+// error, as does any status other than 200.
 package main
 
 import (
@@ -20,11 +28,12 @@ import (
 	"io"
 	"math"
 	"net"
-	"net/http"
+	"net/url"
 	"os"
 	"runtime"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -32,59 +41,218 @@ import (
 const bodyTemplate = `{"model": "bench", "messages": [{"role": "user", "content": "benchmark me"}], ` +
 	`"max_tokens": 16, "stream": %t}`
 
+// requestTimeout bounds one request, as net/http's client timeout did.
+const requestTimeout = 120 * time.Second
+
 type target struct {
-	client *http.Client
-	url    string
-	body   []byte
-	key    string
-	first  bool
+	address string
+	request []byte // the whole request, written as is on every round trip
+	first   bool
 }
 
-// one sends one request; its latency, whether it got a 200, and a transport error if any.
-func (t *target) one() (time.Duration, bool, error) {
-	req, err := http.NewRequest(http.MethodPost, t.url, bytes.NewReader(t.body))
-	if err != nil {
-		return 0, false, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if t.key != "" {
-		req.Header.Set("Authorization", "Bearer "+t.key)
-	}
+// conn is one keep-alive connection; nil until dialled, and again after an error.
+type conn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+// one sends one request on *c (dialling it first when needed); its latency, whether it got a
+// 200, and a transport error if any (after which *c is closed and nil).
+func (t *target) one(c **conn) (time.Duration, bool, error) {
 	start := time.Now()
-	resp, err := t.client.Do(req)
-	if err != nil {
-		return 0, false, err
+	latency, ok, err := t.roundTrip(c, start)
+	if err != nil && *c != nil {
+		(*c).Close()
+		*c = nil
 	}
-	defer resp.Body.Close()
-	var latency time.Duration
-	if t.first {
-		if err := untilFrameEnd(bufio.NewReader(resp.Body)); err != nil {
+	return latency, ok, err
+}
+
+func (t *target) roundTrip(c **conn, start time.Time) (time.Duration, bool, error) {
+	if *c == nil {
+		raw, err := net.DialTimeout("tcp", t.address, 10*time.Second)
+		if err != nil {
 			return 0, false, err
 		}
-		latency = time.Since(start)
+		*c = &conn{raw, bufio.NewReaderSize(raw, 64<<10)}
 	}
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+	cn := *c
+	if err := cn.SetDeadline(start.Add(requestTimeout)); err != nil {
 		return 0, false, err
 	}
-	if !t.first {
-		latency = time.Since(start)
+	if _, err := cn.Write(t.request); err != nil {
+		return 0, false, err
 	}
-	return latency, resp.StatusCode == http.StatusOK, nil
+	h, err := readHead(cn.r)
+	if err != nil {
+		return 0, false, err
+	}
+	b := body{r: cn.r, watch: t.first}
+	if err := b.read(h); err != nil {
+		return 0, false, err
+	}
+	latency := time.Since(start)
+	if t.first {
+		if b.frameAt.IsZero() {
+			return 0, false, errors.New("the stream ended before its first frame")
+		}
+		latency = b.frameAt.Sub(start)
+	}
+	if h.closing {
+		cn.Close()
+		*c = nil
+	}
+	return latency, h.status == 200, nil
 }
 
-// untilFrameEnd reads up to the first blank line: the end of the first SSE frame.
-func untilFrameEnd(r *bufio.Reader) error {
-	previous := byte(0)
+// head is what the generator needs of a response's status line and headers.
+type head struct {
+	status  int
+	length  int64 // -1: not given
+	chunked bool
+	closing bool // Connection: close, or a body that runs to the end of the connection
+}
+
+func readHead(r *bufio.Reader) (head, error) {
+	line, err := r.ReadSlice('\n')
+	if err != nil {
+		return head{}, err
+	}
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) {
+		return head{}, fmt.Errorf("not an HTTP/1.x status line: %q", line)
+	}
+	status, err := strconv.Atoi(string(line[9:12]))
+	if err != nil {
+		return head{}, fmt.Errorf("bad status line %q", line)
+	}
+	h := head{status: status, length: -1}
 	for {
-		b, err := r.ReadByte()
+		line, err = r.ReadSlice('\n')
+		if err != nil {
+			return head{}, err
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) == 0 {
+			break
+		}
+		if err := h.header(line); err != nil {
+			return head{}, err
+		}
+	}
+	if h.length < 0 && !h.chunked && h.status >= 200 && h.status != 204 && h.status != 304 {
+		h.closing = true // the body is whatever comes until the server closes
+	}
+	return h, nil
+}
+
+func (h *head) header(line []byte) error {
+	name, value, found := bytes.Cut(line, []byte(":"))
+	if !found {
+		return fmt.Errorf("bad header line %q", line)
+	}
+	value = bytes.TrimSpace(value)
+	switch {
+	case bytes.EqualFold(name, []byte("content-length")):
+		n, err := strconv.ParseInt(string(value), 10, 64)
+		if err != nil || n < 0 {
+			return fmt.Errorf("bad Content-Length %q", value)
+		}
+		h.length = n
+	case bytes.EqualFold(name, []byte("transfer-encoding")):
+		h.chunked = bytes.Contains(bytes.ToLower(value), []byte("chunked"))
+	case bytes.EqualFold(name, []byte("connection")):
+		h.closing = h.closing || bytes.Contains(bytes.ToLower(value), []byte("close"))
+	}
+	return nil
+}
+
+// body reads a response body and drops it; with watch, it notes when the first SSE frame
+// ended (its first blank line: two newlines in a row).
+type body struct {
+	r        *bufio.Reader
+	watch    bool
+	previous byte
+	frameAt  time.Time
+}
+
+func (b *body) read(h head) error {
+	switch {
+	case h.status < 200 || h.status == 204 || h.status == 304:
+		return nil
+	case h.chunked:
+		return b.chunks()
+	case h.length >= 0:
+		return b.take(h.length)
+	}
+	if err := b.take(math.MaxInt64); !errors.Is(err, io.EOF) { // until the server closes
+		return err
+	}
+	return nil
+}
+
+func (b *body) chunks() error {
+	for {
+		line, err := b.r.ReadSlice('\n')
 		if err != nil {
 			return err
 		}
-		if b == '\n' && previous == '\n' {
+		digits, _, _ := bytes.Cut(bytes.TrimRight(line, "\r\n"), []byte(";"))
+		size, err := strconv.ParseInt(string(bytes.TrimSpace(digits)), 16, 64)
+		if err != nil || size < 0 {
+			return fmt.Errorf("bad chunk size line %q", line)
+		}
+		if size == 0 {
+			return b.trailers()
+		}
+		if err := b.take(size); err != nil {
+			return err
+		}
+		if _, err := b.r.Discard(2); err != nil { // the CRLF after the chunk's data
+			return err
+		}
+	}
+}
+
+func (b *body) trailers() error {
+	for {
+		line, err := b.r.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if len(bytes.TrimRight(line, "\r\n")) == 0 {
 			return nil
 		}
-		previous = b
 	}
+}
+
+// take drops n bytes of body, looking for the first frame's end in them while watching.
+func (b *body) take(n int64) error {
+	for n > 0 && b.watch && b.frameAt.IsZero() {
+		if b.r.Buffered() == 0 {
+			if _, err := b.r.Peek(1); err != nil {
+				return err
+			}
+		}
+		k := int(min(n, int64(b.r.Buffered())))
+		data, _ := b.r.Peek(k)
+		for _, c := range data {
+			if c == '\n' && b.previous == '\n' {
+				b.frameAt = time.Now()
+				break
+			}
+			b.previous = c
+		}
+		b.r.Discard(k)
+		n -= int64(k)
+	}
+	for n > 0 {
+		k := int(min(n, math.MaxInt32))
+		if _, err := b.r.Discard(k); err != nil {
+			return err
+		}
+		n -= int64(k)
+	}
+	return nil
 }
 
 type tally struct {
@@ -93,9 +261,9 @@ type tally struct {
 }
 
 // worker loops until the deadline, one request after another on its connection.
-func (t *target) worker(until time.Time, out *tally) {
+func (t *target) worker(c **conn, until time.Time, out *tally) {
 	for time.Now().Before(until) {
-		latency, ok, err := t.one()
+		latency, ok, err := t.one(c)
 		switch {
 		case err != nil:
 			out.errors++
@@ -108,17 +276,18 @@ func (t *target) worker(until time.Time, out *tally) {
 	}
 }
 
-func (t *target) phase(concurrency int, seconds float64) ([]tally, time.Duration) {
-	tallies := make([]tally, concurrency)
+// phase runs one worker per connection in conns (kept open across phases) for seconds.
+func (t *target) phase(conns []*conn, seconds float64) ([]tally, time.Duration) {
+	tallies := make([]tally, len(conns))
 	start := time.Now()
 	until := start.Add(time.Duration(seconds * float64(time.Second)))
 	var wg sync.WaitGroup
 	for i := range tallies {
 		wg.Add(1)
-		go func(out *tally) {
+		go func(i int) {
 			defer wg.Done()
-			t.worker(until, out)
-		}(&tallies[i])
+			t.worker(&conns[i], until, &tallies[i])
+		}(i)
 	}
 	wg.Wait()
 	return tallies, time.Since(start)
@@ -170,22 +339,25 @@ func summarize(tallies []tally, elapsed time.Duration) result {
 	}
 }
 
-func newTarget(base string, concurrency int, mode, key string) *target {
-	transport := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
-		MaxIdleConns:        concurrency,
-		MaxIdleConnsPerHost: concurrency,
-		MaxConnsPerHost:     concurrency,
-		DisableCompression:  true,
-		IdleConnTimeout:     90 * time.Second,
+// newTarget prepares the request every round trip writes: POST {base}/v1/chat/completions.
+func newTarget(base, mode, key string) (*target, error) {
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return nil, fmt.Errorf("URL %q is not http://HOST:PORT", base)
 	}
-	return &target{
-		client: &http.Client{Transport: transport, Timeout: 120 * time.Second},
-		url:    base + "/v1/chat/completions",
-		body:   []byte(fmt.Sprintf(bodyTemplate, mode != "plain")),
-		key:    key,
-		first:  mode == "first",
+	address := u.Host
+	if u.Port() == "" {
+		address = net.JoinHostPort(u.Hostname(), "80")
 	}
+	body := fmt.Sprintf(bodyTemplate, mode != "plain")
+	var request bytes.Buffer
+	fmt.Fprintf(&request, "POST %s/v1/chat/completions HTTP/1.1\r\nHost: %s\r\n", strings.TrimSuffix(u.EscapedPath(), "/"), u.Host)
+	fmt.Fprintf(&request, "Content-Type: application/json\r\nContent-Length: %d\r\n", len(body))
+	if key != "" {
+		fmt.Fprintf(&request, "Authorization: Bearer %s\r\n", key)
+	}
+	request.WriteString("\r\n" + body)
+	return &target{address: address, request: request.Bytes(), first: mode == "first"}, nil
 }
 
 func parse(args []string) (string, int, float64, string, error) {
@@ -217,8 +389,13 @@ func main() {
 		// second core would take CPU from the server being measured.
 		runtime.GOMAXPROCS(1)
 	}
-	t := newTarget(base, concurrency, mode, os.Getenv("FLEET_BENCH_KEY"))
-	t.phase(concurrency, math.Min(1.0, seconds/4)) // warm-up: connections opened, not counted
-	tallies, elapsed := t.phase(concurrency, seconds)
+	t, err := newTarget(base, mode, os.Getenv("FLEET_BENCH_KEY"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(2)
+	}
+	conns := make([]*conn, concurrency)
+	t.phase(conns, math.Min(1.0, seconds/4)) // warm-up: connections opened, not counted
+	tallies, elapsed := t.phase(conns, seconds)
 	fmt.Println(summarize(tallies, elapsed).line())
 }
