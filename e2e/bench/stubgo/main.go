@@ -15,12 +15,13 @@ package main
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -60,6 +61,11 @@ type stub struct {
 	running atomic.Int64
 	models  []byte
 	delay   time.Duration // before each generated token (FLEET_STUB_TOKEN_DELAY_MS)
+	// Made once, so that an answer is appended bytes rather than encoding/json over maps (which
+	// was half of the stub's CPU per request, taken from the gateway it serves on 2 cores).
+	quotedModel  []byte   // the model name as a JSON string
+	quotedTokens [][]byte // each token as a JSON string
+	quotedTexts  [][]byte // the first n tokens joined, as a JSON string, for n = 0..len(tokens)
 }
 
 func main() {
@@ -81,11 +87,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "stubgo:", err)
 		os.Exit(2)
 	}
-	for i, word := range strings.Fields(reply) {
-		if i > 0 {
-			word = " " + word
-		}
-		s.tokens = append(s.tokens, word)
+	s.prepare()
+	if os.Getenv("GOMAXPROCS") == "" {
+		// As the load generator: one core is plenty for the stub, and idle Ps spinning or being
+		// woken for work on the second core take CPU from the gateway under test.
+		runtime.GOMAXPROCS(1)
 	}
 	s.models, _ = json.Marshal(map[string]any{"object": "list", "data": []any{map[string]any{
 		"id": model, "object": "model", "created": time.Now().Unix(), "owned_by": "vllm",
@@ -104,6 +110,24 @@ func main() {
 	if err := server.ListenAndServe(); err != nil {
 		fmt.Fprintln(os.Stderr, "stubgo:", err)
 		os.Exit(1)
+	}
+}
+
+// prepare splits the reply into tokens and quotes, once, what every answer carries.
+func (s *stub) prepare() {
+	quote := func(text string) []byte {
+		quoted, _ := json.Marshal(text)
+		return quoted
+	}
+	s.quotedModel = quote(s.model)
+	s.quotedTexts = [][]byte{quote("")}
+	for i, word := range strings.Fields(reply) {
+		if i > 0 {
+			word = " " + word
+		}
+		s.tokens = append(s.tokens, word)
+		s.quotedTokens = append(s.quotedTokens, quote(word))
+		s.quotedTexts = append(s.quotedTexts, quote(strings.Join(s.tokens, "")))
 	}
 }
 
@@ -164,7 +188,11 @@ func (s *stub) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	s.running.Add(1)
 	defer s.running.Add(-1)
 	var req request
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(&req); err != nil {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err == nil {
+		err = json.Unmarshal(raw, &req)
+	}
+	if err != nil {
 		fail(w, http.StatusBadRequest, "The request body is not valid JSON: "+err.Error(), "BadRequestError")
 		return
 	}
@@ -190,67 +218,94 @@ func (s *stub) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	prompt := promptTokens(req, chat)
 	use := usage{prompt, n, prompt + n}
-	id := newID(chat)
-	created := time.Now().Unix()
+	head := s.head(chat, req.Stream, time.Now().Unix())
 	if req.Stream {
 		includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-		s.stream(w, r, chat, id, created, s.tokens[:n], finish, use, includeUsage)
+		s.stream(w, r, chat, head, n, finish, use, includeUsage)
 		return
 	}
 	if !wait(r, s.delay*time.Duration(n)) {
 		return
 	}
-	text := strings.Join(s.tokens[:n], "")
-	var choice map[string]any
-	object := "text_completion"
+	body := append(head, `,"choices":[`...)
 	if chat {
-		object = "chat.completion"
-		choice = map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text, "tool_calls": []any{}},
-			"logprobs": nil, "finish_reason": finish, "stop_reason": nil}
+		body = append(body, `{"index":0,"message":{"role":"assistant","content":`...)
+		body = append(body, s.quotedTexts[n]...)
+		body = append(body, `,"tool_calls":[]}`...)
 	} else {
-		choice = map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": finish, "stop_reason": nil}
+		body = append(body, `{"index":0,"text":`...)
+		body = append(body, s.quotedTexts[n]...)
 	}
-	body, _ := json.Marshal(map[string]any{"id": id, "object": object, "created": created, "model": s.model,
-		"choices": []any{choice}, "usage": use})
+	body = append(body, `,"logprobs":null,"finish_reason":"`+finish+`","stop_reason":null}],"usage":`...)
+	body = append(use.appendJSON(body), '}')
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(body)
+}
+
+// head opens an answer's JSON object: id, object, created and model, left open for the rest.
+func (s *stub) head(chat, stream bool, created int64) []byte {
+	object := "text_completion"
+	if chat && stream {
+		object = "chat.completion.chunk"
+	} else if chat {
+		object = "chat.completion"
+	}
+	b := make([]byte, 0, 512)
+	b = append(b, `{"id":"`...)
+	b = appendID(b, chat)
+	b = append(b, `","object":"`+object+`","created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"model":`...)
+	return append(b, s.quotedModel...)
+}
+
+func (u usage) appendJSON(b []byte) []byte {
+	b = append(b, `{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.PromptTokens), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.CompletionTokens), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.TotalTokens), 10)
+	return append(b, '}')
 }
 
 // stream writes vLLM's framing: the chat role frame, one frame per token (a reply cut by
 // max_tokens finishes on its last one; otherwise an empty "stop" frame closes it), the usage
 // frame when asked for (then every chunk carries "usage": null), and [DONE]. With a token delay,
-// the frames before the first token go at once and each token frame after its delay.
-func (s *stub) stream(w http.ResponseWriter, r *http.Request, chat bool, id string, created int64,
-	tokens []string, finish string, use usage, includeUsage bool) {
-	object := "text_completion"
-	if chat {
-		object = "chat.completion.chunk"
-	}
-	head, _ := json.Marshal(map[string]any{"id": id, "object": object, "created": created, "model": s.model})
-	head = head[:len(head)-1] // the chunk's object, left open for choices and usage
+// the frames before the first token go at once and each token frame after its delay. “head“
+// is every chunk's opening (`head`).
+func (s *stub) stream(w http.ResponseWriter, r *http.Request, chat bool, head []byte, n int,
+	finish string, use usage, includeUsage bool) {
 	tail := "}"
 	if includeUsage {
 		tail = `,"usage":null}`
 	}
 	var buf bytes.Buffer
-	frame := func(choice string) {
+	buf.Grow(2048)
+	frame := func(open, quoted []byte, end string) {
 		buf.WriteString("data: ")
 		buf.Write(head)
-		buf.WriteString(`,"choices":[` + choice + "]" + tail + "\n\n")
+		buf.WriteString(`,"choices":[`)
+		buf.Write(open)
+		buf.Write(quoted)
+		buf.WriteString(end + "]" + tail + "\n\n")
 	}
-	content := func(text string, last bool) string {
-		quoted, _ := json.Marshal(text)
-		end := `"finish_reason":null}`
-		if last {
-			end = `"finish_reason":"` + finish + `","stop_reason":null}`
+	open := []byte(`{"index":0,"text":`)
+	middle := `,"logprobs":null,"finish_reason":null}`
+	last := `,"logprobs":null,"finish_reason":"` + finish + `","stop_reason":null}`
+	if chat {
+		open = []byte(`{"index":0,"delta":{"content":`)
+		middle, last = "}"+middle, "}"+last
+	}
+	content := func(quoted []byte, final bool) {
+		if final {
+			frame(open, quoted, last)
+		} else {
+			frame(open, quoted, middle)
 		}
-		if chat {
-			return `{"index":0,"delta":{"content":` + string(quoted) + `},"logprobs":null,` + end
-		}
-		return `{"index":0,"text":` + string(quoted) + `,"logprobs":null,` + end
 	}
 	if chat {
-		frame(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`)
+		frame([]byte(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`), nil, "")
 	}
 	var ends []int // with a delay: where the opening and then each token frame end
 	mark := func() {
@@ -259,18 +314,19 @@ func (s *stub) stream(w http.ResponseWriter, r *http.Request, chat bool, id stri
 		}
 	}
 	mark()
-	for i, token := range tokens {
-		frame(content(token, finish == "length" && i == len(tokens)-1))
+	for i := range n {
+		content(s.quotedTokens[i], finish == "length" && i == n-1)
 		mark()
 	}
 	if finish == "stop" {
-		frame(content("", true))
+		content(s.quotedTexts[0], true)
 	}
 	if includeUsage {
-		counts, _ := json.Marshal(use)
 		buf.WriteString("data: ")
 		buf.Write(head)
-		buf.WriteString(`,"choices":[],"usage":` + string(counts) + "}\n\n")
+		buf.WriteString(`,"choices":[],"usage":`)
+		buf.Write(use.appendJSON(nil))
+		buf.WriteString("}\n\n")
 	}
 	buf.WriteString("data: [DONE]\n\n")
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
@@ -338,11 +394,18 @@ func promptTokens(req request, chat bool) int {
 	return count
 }
 
-func newID(chat bool) string {
-	raw := make([]byte, 16)
-	rand.Read(raw)
+// appendID appends a fresh id: vLLM's prefix and 32 hex digits (math/rand: an id needs to be
+// unlikely to repeat, not secret, and crypto/rand cost a system call per answer).
+func appendID(b []byte, chat bool) []byte {
 	if chat {
-		return "chatcmpl-" + hex.EncodeToString(raw)
+		b = append(b, "chatcmpl-"...)
+	} else {
+		b = append(b, "cmpl-"...)
 	}
-	return "cmpl-" + hex.EncodeToString(raw)
+	for range 2 {
+		word := strconv.FormatUint(rand.Uint64(), 16)
+		b = append(b, "0000000000000000"[len(word):]...)
+		b = append(b, word...)
+	}
+	return b
 }
