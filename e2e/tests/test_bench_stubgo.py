@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -115,6 +116,17 @@ def test_the_stub_refuses_a_request_without_its_engine_key(engine: str) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
     assert httpx.post(engine + "/v1/chat/completions", json=body).status_code == 401
     assert httpx.get(engine + "/health").status_code == 200
+
+
+def test_every_answer_has_an_id_of_its_own(engine: str) -> None:
+    """Answers are assembled from bytes made once; the id (vLLM's prefix, 32 hex digits) is not."""
+    headers = {"Authorization": f"Bearer {ENGINE_KEY}"}
+    ids = []
+    for path, body in [("chat/completions", _body(False)), ("completions", {"prompt": "hi"})] * 2:
+        answer = httpx.post(f"{engine}/v1/{path}", json=body, headers=headers)
+        ids.append(answer.json()["id"])
+    assert len(set(ids)) == 4
+    assert all(re.fullmatch(r"(chatcmpl|cmpl)-[0-9a-f]{32}", i) for i in ids), ids
 
 
 def test_chat_through_the_gateway_carries_the_reply_and_usage(client: openai.OpenAI) -> None:
