@@ -10,6 +10,11 @@ interleaved rounds, are what the targets judge (issue 21):
 - LiteLLM's proxy (``litellm_peer.py``, one worker, its own venv): gateway throughput >= 20x, and
   the gateway's added sequential p50 <= 1/10 of LiteLLM's;
 - ``fleet-gateway --workers 2`` on 2 cores (the load generator sharing them): >= 1.4x one worker.
+  Throughput on a shared machine is mostly a share of the scheduler, so for these two rows the
+  bench also records the CPU each process spent per request (the gateway's processes, the stub,
+  the generator) and reports what the cores allow: one worker is held to one core, two workers
+  share both with the stub and the generator, so the ratio cannot pass 2 x one / (two + stub +
+  generator) in CPU per request (ADR 0002, session 8).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]
 
 from bench import generator, litellm_peer, stub
 from bench.waiting import wait_for
@@ -55,13 +62,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def process(args: list[str], health: str, env: dict[str, str] | None = None) -> Iterator[None]:
+def process(
+    args: list[str], health: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(
         args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**ENV, **(env or {})}
     )
     try:
         wait_for(health, proc)
-        yield
+        yield proc
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -71,28 +80,59 @@ def load(url: str, cell: str, key: str | None = None, seconds: float = SECONDS) 
     return generator.run(url, cell, key, seconds)
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and of its children (a supervisor's workers)."""
+    parent = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [parent, *parent.children()])
+
+
+def load_with_cpu(url: str, cell: str, server: int, engine: int) -> Cell:
+    """``load``, plus the microseconds of CPU per request spent by the server under test (with
+    its workers), the engine and the generator. The generator's run includes its warm-up, so
+    the requests counted are its rate times the whole run's wall time."""
+    before = (_cpu_s(server), _cpu_s(engine))
+    started = time.perf_counter()
+    figures, generator_s = generator.run_with_cpu(url, cell, None, SECONDS)
+    requests = figures["rps"] * (time.perf_counter() - started)
+    spent = (_cpu_s(server) - before[0], _cpu_s(engine) - before[1], generator_s)
+    if requests <= 0:
+        return figures
+    server_us, engine_us, generator_us = (1e6 * x / requests for x in spent)
+    return {**figures, "cpu_us": server_us, "engine_us": engine_us, "generator_us": generator_us}
+
+
 def _python(*args: str) -> list[str]:
     return [sys.executable, "-m", *args]
 
 
+Pids = dict[str, int]
+"""The processes whose CPU the bench reads: the engine and the rows in `CPU_ROWS`."""
+ENGINE = "engine"
+CPU_ROWS = (GATEWAY, WORKERS)
+
+
 @contextlib.contextmanager
-def servers() -> Iterator[tuple[dict[str, str], str]]:
-    """The stub engine and every target in front of it: (name -> URL, LiteLLM's state), the
-    state being "" when it runs, else "skipped: <why>"."""
+def servers() -> Iterator[tuple[dict[str, str], str, Pids]]:
+    """The stub engine and every target in front of it: (name -> URL, LiteLLM's state, pids),
+    the state being "" when it runs, else "skipped: <why>"."""
     engine = free_port()
     direct = f"http://127.0.0.1:{engine}"
     urls = {"direct": direct}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         config = Path(tmp) / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: bench\n    model: bench\n    base_url: {direct}\n")
-        stack.enter_context(process(stub.command(engine, "bench"), direct + "/health"))
+        pids = {
+            ENGINE: stack.enter_context(
+                process(stub.command(engine, "bench"), direct + "/health")
+            ).pid
+        }
 
         def serve(name: str, *args: str, env: dict[str, str] | None = None) -> None:
             """Start ``python -m *args``, PORT in ``args`` replaced by a free port."""
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             command = _python(*(a.replace("PORT", str(port)) for a in args))
-            stack.enter_context(process(command, url + "/healthz", env))
+            pids[name] = stack.enter_context(process(command, url + "/healthz", env)).pid
             urls[name] = url
 
         serve(FLOOR, "bench.aiohttp_proxy", "PORT", direct)
@@ -107,7 +147,7 @@ def servers() -> Iterator[tuple[dict[str, str], str]]:
         if not state.startswith("skipped"):
             urls[LITELLM], state = state, ""
         time.sleep(0.5)
-        yield urls, state
+        yield urls, state, pids
 
 
 def _start_litellm(stack: contextlib.ExitStack, direct: str, tmp: Path) -> str:
@@ -148,12 +188,16 @@ def run() -> tuple[Samples, str, list[str]]:
     falls on all targets alike; ratios are then taken round by round."""
     samples: Samples = {}
     loads = [load_average()]
-    with servers() as (urls, litellm):
+    with servers() as (urls, litellm, pids):
         for round_ in range(ROUNDS):
             for name, url in urls.items():
                 key = litellm_peer.KEY if name == LITELLM else None
                 for cell in _cells(name):
-                    samples.setdefault(name, {}).setdefault(cell, []).append(load(url, cell, key))
+                    if name in CPU_ROWS and cell in THROUGHPUT:
+                        figures = load_with_cpu(url, cell, pids[name], pids[ENGINE])
+                    else:
+                        figures = load(url, cell, key)
+                    samples.setdefault(name, {}).setdefault(cell, []).append(figures)
             loads.append(load_average())
             print(f"bench: round {round_ + 1} of {ROUNDS} done ({loads[-1]})", file=sys.stderr)
     return samples, litellm, loads
@@ -244,6 +288,7 @@ def report(result: tuple[Samples, str, list[str]]) -> list[str]:
     lines += _peer_verdicts(samples, litellm)
     lines += _worker_verdicts(samples)
     lines += _server_table(samples, medians)
+    lines += _worker_cpu(samples)
     errors = sum(c["errors"] for cells in samples.values() for runs in cells.values() for c in runs)
     lines += ["", f"Non-200 answers during the run: {errors}.", ""]
     return lines
@@ -296,6 +341,35 @@ def _worker_verdicts(samples: Samples) -> list[str]:
         r = ratio(samples, WORKERS, GATEWAY, cell)
         lines.append(
             f"| --workers 2 / one worker, {cell} >= 1.4x | {r:.2f}x | {_verdict(r >= 1.4)} |"
+        )
+    return lines
+
+
+def _worker_cpu(samples: Samples) -> list[str]:
+    """What the cores allow ``--workers 2``: CPU per request of each process (medians over the
+    rounds), and the ratio 2 x one / (two + stub + generator) those costs permit when nothing
+    else runs (one worker is held to one core; two share both with the stub and generator)."""
+    lines = [
+        "",
+        "`--workers 2` and the cores: CPU microseconds per request (psutil, user + system, median",
+        "of the rounds), and the ratio to one worker those costs allow on an otherwise idle",
+        "machine, 2 x one / (both workers + stub + generator) (ADR 0002, session 8):",
+        "",
+        "| cell | one worker | two workers (both) | stub | generator | ratio allowed | measured |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for cell in THROUGHPUT:
+        one, two = samples[GATEWAY][cell], samples[WORKERS][cell]
+        if not all("cpu_us" in c for c in [*one, *two]):
+            continue
+        g1 = median([c["cpu_us"] for c in one])
+        g2 = median([c["cpu_us"] for c in two])
+        rest = median([c["engine_us"] + c["generator_us"] for c in two])
+        stub_us = median([c["engine_us"] for c in two])
+        allowed = 2 * g1 / (g2 + rest)
+        lines.append(
+            f"| {cell} | {g1:.0f} | {g2:.0f} | {stub_us:.0f} | {rest - stub_us:.0f} | "
+            f"{allowed:.2f}x | {ratio(samples, WORKERS, GATEWAY, cell):.2f}x |"
         )
     return lines
 

@@ -1,9 +1,10 @@
 """Which closed-loop load generator the benchmarks run, and running it for one cell.
 
-The Go generator (``e2e/bench/loadgen``, standard library only) is built once into the per-user
-cache, keyed by a hash of its source (``$XDG_CACHE_HOME/fleet/loadgen-<hash>/loadgen``), and used
-whenever ``go`` is on PATH: it needs a fraction of the CPU the Python one does, which matters when
-the generator shares 2 cores with the servers it measures. Without ``go`` (or with
+The Go generator (``e2e/bench/loadgen``, standard library only, its own HTTP/1.1 client) is built
+once into the per-user cache, keyed by a hash of its source
+(``$XDG_CACHE_HOME/fleet/loadgen-<hash>/loadgen``), and used whenever ``go`` is on PATH: it needs
+a fraction of the CPU the Python one does, which matters when the generator shares 2 cores with
+the servers it measures. Without ``go`` (or with
 ``FLEET_BENCH_LOADGEN=python``) ``load.py`` (aiohttp) runs instead; every section that drives
 load says which one ran (``describe``). Both take the same arguments and print the same JSON
 line; the bearer key goes through the environment (``FLEET_BENCH_KEY``), never argv.
@@ -20,17 +21,18 @@ from pathlib import Path
 
 from bench import gobuild
 
-__all__ = ["PREAMBLE", "Cell", "binary", "command", "describe", "run"]
+__all__ = ["PREAMBLE", "Cell", "binary", "command", "describe", "run", "run_with_cpu"]
 
 Cell = dict[str, float]
 PREAMBLE = (
-    "- The load generator is a Go program (`e2e/bench/loadgen`, net/http only, one core),",
-    "  built once into `~/.cache/fleet/loadgen-<hash of its source>/`; without `go` the",
-    "  Python one (`e2e/bench/load.py`, aiohttp) runs instead. Each section names the one it",
-    "  ran. Against the stub engine (`python -m bench.generator URL`, 2026-11-30, load",
-    "  average 6-8) the Go one spent 0.09 cores per 1,000 req/s at plain c=32/c=64, 0.12",
-    "  sequential, 0.18 stream c=64; the Python one 0.28-0.47 (2.5-4.5x more) and, on a busy",
-    "  machine, reached half the Go one's requests/s against the same stub.",
+    "- The load generator is a Go program (`e2e/bench/loadgen`: its own minimal HTTP/1.1",
+    "  client, one goroutine per connection, one core), built once into",
+    "  `~/.cache/fleet/loadgen-<hash of its source>/`; without `go` the Python one",
+    "  (`e2e/bench/load.py`, aiohttp) runs instead. Each section names the one it ran. Against",
+    "  the Go stub (`python -m bench.generator URL`, 2026-12-01, load average 5-9) the Go one",
+    "  spent 0.010-0.016 cores per 1,000 req/s (sequential, plain c=32/c=64, stream c=64), the",
+    "  Python one 0.10-0.14; behind a gateway (2-4k req/s, where each request wakes it) the Go",
+    "  one spends 35-60 us of CPU per request, half what it did on net/http's client.",
 )
 SOURCE = Path(__file__).resolve().parent / "loadgen"
 ENV = {**os.environ, "PYTHONPATH": str(SOURCE.parents[1])}
@@ -55,13 +57,18 @@ def describe() -> str:
     """One sentence for a report: which generator ran, and why when it is the Python one."""
     found = binary()
     if isinstance(found, Path):
-        return "Load generator: Go (`e2e/bench/loadgen`, net/http, one core)."
+        return "Load generator: Go (`e2e/bench/loadgen`, its own HTTP/1.1 client, one core)."
     return f"Load generator: Python (`e2e/bench/load.py`, aiohttp), because {found}."
 
 
 def run(url: str, cell: str, key: str | None, seconds: float) -> Cell:
     """One cell (``sequential``, ``first frame``, ``plain c=64`` …) against ``url``."""
     return _timed(command(), url, cell, key, seconds)[0]
+
+
+def run_with_cpu(url: str, cell: str, key: str | None, seconds: float) -> tuple[Cell, float]:
+    """``run``, and the CPU seconds (user + system) the generator spent, warm-up included."""
+    return _timed(command(), url, cell, key, seconds)
 
 
 def _timed(

@@ -24,14 +24,14 @@ __all__ = ["PREAMBLE", "command", "describe"]
 
 SOURCE = Path(__file__).resolve().parent / "stubgo"
 PREAMBLE = (
-    "- The engine behind every row is a Go stub (`e2e/bench/stubgo`, net/http only; vLLM's",
-    "  wire, the Python stub's canned reply), built like the load generator; without `go` (or",
-    "  with `FLEET_BENCH_STUB=python`) the Python stub (`fleet_core.stub_engine`) runs. Each",
-    "  section names the one it ran (one that names none ran the Python stub). CPU per request",
-    "  of each stub alone under the Go generator (`python -m bench.stub`, 2026-11-30, load",
-    "  average 5, medians of 3 rounds): Go 0.05-0.06 ms plain, 0.07-0.08 ms stream (c=32 and",
-    "  c=64); Python 0.52-0.58 ms plain, 0.98-1.05 ms stream, about 10x more, which on 2 cores",
-    "  took CPU from the gateway under test.",
+    "- The engine behind every row is a Go stub (`e2e/bench/stubgo`, net/http only, one P;",
+    "  vLLM's wire, the Python stub's canned reply, answers appended from bytes quoted once),",
+    "  built like the load generator; without `go` (or with `FLEET_BENCH_STUB=python`) the",
+    "  Python stub (`fleet_core.stub_engine`) runs. Each section names the one it ran (one that",
+    "  names none ran the Python stub). CPU per request of each stub alone under the Go",
+    "  generator (`python -m bench.stub`, 2026-12-01, load average 7-8, medians of 3 rounds):",
+    "  Go 0.029-0.033 ms plain, 0.036-0.038 ms stream (c=32 and c=64); Python 0.40-0.57 ms",
+    "  plain, 0.68-0.74 ms stream, over 10x more, which on 2 cores took CPU from the gateway.",
 )
 
 
