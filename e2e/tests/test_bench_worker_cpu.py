@@ -1,0 +1,35 @@
+"""The gateway bench's `--workers 2` CPU table: the ratio the cores allow, from CPU per request.
+
+One worker is held to one core; two share both cores with the stub and the generator, so on an
+otherwise idle machine two workers reach at most 2 x one / (two + stub + generator) times one
+worker's throughput (ADR 0002, session 8). The table states that bound beside the measured ratio.
+"""
+
+from __future__ import annotations
+
+from bench import gateway_bench as gb
+
+
+def _cell(rps: float, cpu: float, engine: float, generator: float) -> gb.Cell:
+    return {"rps": rps, "cpu_us": cpu, "engine_us": engine, "generator_us": generator}
+
+
+def _samples(one: list[gb.Cell], two: list[gb.Cell]) -> gb.Samples:
+    return {
+        gb.GATEWAY: dict.fromkeys(gb.THROUGHPUT, one),
+        gb.WORKERS: dict.fromkeys(gb.THROUGHPUT, two),
+    }
+
+
+def test_the_allowed_ratio_is_two_cores_over_the_cpu_of_every_process() -> None:
+    one = [_cell(2500, 400, 60, 50), _cell(2400, 380, 60, 50), _cell(2600, 420, 60, 50)]
+    two = [_cell(3500, 440, 50, 40), _cell(3600, 430, 60, 40), _cell(3400, 450, 70, 40)]
+    rows = [line for line in gb._worker_cpu(_samples(one, two)) if line.startswith("| plain c=32")]
+    # medians: one worker 400 us; two 440 us; stub 60 us; generator 40 us -> 800 / 540
+    assert rows == ["| plain c=32 | 400 | 440 | 60 | 40 | 1.48x | 1.40x |"]
+
+
+def test_cells_measured_without_cpu_are_left_out() -> None:
+    bare = [{"rps": 1000.0}]
+    lines = gb._worker_cpu(_samples(bare, bare))
+    assert not any(line.startswith("| plain") or line.startswith("| stream") for line in lines)
