@@ -52,7 +52,8 @@ def _stub(env: dict[str, str]) -> Iterator[str]:
     try:
         deadline = time.monotonic() + 30
         while not _answers(url + "/health"):
-            assert process.poll() is None and time.monotonic() < deadline, "the stub did not start"
+            assert process.poll() is None, "the stub exited"
+            assert time.monotonic() < deadline, "the stub did not answer /health"
             time.sleep(0.05)
         yield url
     finally:
