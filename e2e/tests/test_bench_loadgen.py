@@ -89,14 +89,17 @@ def test_first_times_the_first_frame_and_stream_the_whole_answer() -> None:
 
 
 class _Closing(http.server.BaseHTTPRequestHandler):
-    """Answers 200 and closes the connection: HTTP/1.0 with a body that runs to the close, or
-    HTTP/1.1 with a Content-Length and ``Connection: close``."""
+    """Answers 200 and closes the connection: HTTP/1.0 (which closes unless told keep-alive),
+    with or without a Content-Length, or HTTP/1.1 with ``Connection: close``."""
+
+    length = True
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
         self.send_response(200)
-        if self.protocol_version == "HTTP/1.1":
+        if self.length:
             self.send_header("Content-Length", "2")
+        if self.protocol_version == "HTTP/1.1":
             self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(b"{}")
@@ -105,11 +108,13 @@ class _Closing(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("protocol", ["HTTP/1.0", "HTTP/1.1"])
+@pytest.mark.parametrize(
+    ("protocol", "length"), [("HTTP/1.0", False), ("HTTP/1.0", True), ("HTTP/1.1", True)]
+)
 def test_a_server_closing_every_connection_is_dialled_again_without_errors(
-    protocol: str,
+    protocol: str, length: bool
 ) -> None:
-    handler = type("Handler", (_Closing,), {"protocol_version": protocol})
+    handler = type("Handler", (_Closing,), {"protocol_version": protocol, "length": length})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

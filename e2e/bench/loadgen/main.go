@@ -125,7 +125,8 @@ func readHead(r *bufio.Reader) (head, error) {
 	if err != nil {
 		return head{}, fmt.Errorf("bad status line %q", line)
 	}
-	h := head{status: status, length: -1}
+	// HTTP/1.0 closes after each answer unless it says keep-alive; 1.1 keeps it unless "close".
+	h := head{status: status, length: -1, closing: line[7] == '0'}
 	for {
 		line, err = r.ReadSlice('\n')
 		if err != nil {
@@ -161,7 +162,9 @@ func (h *head) header(line []byte) error {
 	case bytes.EqualFold(name, []byte("transfer-encoding")):
 		h.chunked = bytes.Contains(bytes.ToLower(value), []byte("chunked"))
 	case bytes.EqualFold(name, []byte("connection")):
-		h.closing = h.closing || bytes.Contains(bytes.ToLower(value), []byte("close"))
+		options := bytes.ToLower(value)
+		h.closing = bytes.Contains(options, []byte("close")) ||
+			h.closing && !bytes.Contains(options, []byte("keep-alive"))
 	}
 	return nil
 }
