@@ -13,9 +13,9 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from starlette.types import Message, Receive, Send
+from starlette.types import Receive
 
-__all__ = ["SSE_HEADERS", "ClientGone", "until_disconnect", "watch_start"]
+__all__ = ["SSE_HEADERS", "ClientGone", "until_disconnect"]
 
 T = TypeVar("T")
 
@@ -30,38 +30,52 @@ class ClientGone(Exception):
     """The client disconnected before the answer was complete."""
 
 
-async def _wait_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 async def until_disconnect(work: Awaitable[T], receive: Receive) -> T:
     """Await ``work``; cancel it and raise ClientGone if the client disconnects first.
 
-    The work runs as its own task, so a cancellation meant for it never lands in this one. When
-    this task is cancelled (shutdown) while awaiting it, asyncio cancels the work too and this
-    task resumes only once the work has finished. A done callback, not ``asyncio.wait``: the
-    race costs one callback per request, not a waiter and two callbacks per wake-up."""
+    The work runs as its own task, so a cancellation meant for it never lands in this one; this
+    task watches ``receive`` meanwhile (one task per request besides the server's, not two).
+    Under uvicorn ``receive`` answers ``http.disconnect`` the moment the response is complete,
+    so the usual request wakes this task without anything being cancelled. Where ``receive``
+    stays quiet (another server, an error before any byte), the work's end cancels this task's
+    wait, a cancellation taken back at once (``uncancel``). When this task is cancelled from
+    elsewhere (shutdown), the work is cancelled too and awaited before the cancellation goes on,
+    so nothing outlives the request that started it."""
+    me = asyncio.current_task()
+    assert me is not None
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
-    watcher.add_done_callback(lambda _: task.cancel())  # no-op once the work is done
+    race = _Race(me)
+    task.add_done_callback(race.work_done)
     try:
-        return await task
+        while not task.done() and (await receive())["type"] != "http.disconnect":
+            pass
     except asyncio.CancelledError:
-        if watcher.done() and not watcher.cancelled():  # the client left, not a shutdown
+        if not (race.woken and me.uncancel() == 0):  # not (only) the work's end: a shutdown
+            race.watching = False
+            task.cancel()
+            await task  # its own end (a cancellation, or its error) goes on from here
+            raise
+    race.watching = False
+    if not task.done():  # the client left first
+        task.cancel()
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if me.cancelling():  # cancelled from elsewhere meanwhile: stay cancelled
+                raise
             raise ClientGone from None
-        raise
-    finally:
-        watcher.cancel()
+    return task.result()
 
 
-def watch_start(send: Send) -> tuple[Send, list[bool]]:
-    """``send`` wrapped to note (in the returned one-item list) whether the response started."""
-    started = [False]
+class _Race:
+    """Whether `until_disconnect` is still watching, and whether the work's end woke it."""
 
-    async def wrapped(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            started[0] = True
-        await send(message)
+    __slots__ = ("task", "watching", "woken")
 
-    return wrapped, started
+    def __init__(self, task: asyncio.Task[object]) -> None:
+        self.task, self.watching, self.woken = task, True, False
+
+    def work_done(self, _: object) -> None:
+        if self.watching:
+            self.woken = True
+            self.task.cancel()

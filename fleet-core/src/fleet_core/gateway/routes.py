@@ -17,7 +17,7 @@ from fleet_core import paging, web
 from fleet_core.admission.keys import Principal
 from fleet_core.admission.service import Admission
 from fleet_core.errors import FleetError, PayloadTooLarge
-from fleet_core.gateway.responses import SSE_HEADERS, ClientGone, until_disconnect, watch_start
+from fleet_core.gateway.responses import SSE_HEADERS, ClientGone, until_disconnect
 from fleet_core.gateway.router import Router
 from fleet_core.gateway.service import PATHS, ClientLeft, Exchange, GatewayService
 from fleet_core.gateway.viewers import Viewers
@@ -96,15 +96,17 @@ class _Proxy:
         self.endpoints, self.kind = endpoints, kind
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        send, started = watch_start(send)
         try:
-            await self._serve(scope, receive, send, started)
+            answer = await self._begin(scope, receive, send)
         except Exception as exc:
-            if started[0]:
-                raise
             await error_response(exc, scope["path"])(scope, receive, send)
+            return
+        if answer is not None:
+            await answer.run(scope, receive, send)
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, started: list[bool]) -> None:
+    async def _begin(self, scope: Scope, receive: Receive, send: Send) -> _Answer | None:
+        """Read, authenticate, parse and route the request; None when the client left
+        mid-upload (nothing admitted: a 499 for the access log is sent here)."""
         received = time.time()
         ep, headers = self.endpoints, _Headers.of(scope["headers"])
         principal = ep.admission.authenticate(headers.authorization)
@@ -112,7 +114,7 @@ class _Proxy:
             raw = await receive_body(receive, headers.content_length, ep.max_body)
         except ClientDisconnect:  # left mid-upload: nothing admitted, nobody to answer
             await Response(status_code=499)(scope, receive, send)
-            return
+            return None
         state = scope["state"]
         exchange = ep.service.begin(
             parse_request(self.kind, raw),
@@ -122,7 +124,7 @@ class _Proxy:
             received_at=received,
             session=headers.session,
         )
-        await _Answer(ep.service, exchange).run(scope, receive, send, started)
+        return _Answer(ep.service, exchange)
 
 
 def error_response(exc: Exception, path: str) -> Response:
@@ -215,26 +217,35 @@ def _newest(record: UsageRecord) -> tuple[datetime, str]:
 class _Answer:
     """The answer to a proxied request. The whole exchange, from admission to the last byte
     sent, runs inside ``service.admitted``, which records and settles it once on every path.
-    An error raised before anything was sent is rendered by `_Proxy`: an envelope."""
+    An error raised before anything was sent becomes an envelope; after, it goes to the server
+    (which closes the connection: the client holds part of an answer)."""
+
+    __slots__ = ("exchange", "service", "started")
 
     def __init__(self, service: GatewayService, exchange: Exchange) -> None:
-        self.service, self.exchange = service, exchange
+        self.service, self.exchange, self.started = service, exchange, False
 
-    async def run(self, scope: Scope, receive: Receive, send: Send, started: list[bool]) -> None:
-        """Answer; ``started`` (from `watch_start` around ``send``) says whether it began."""
-        with contextlib.suppress(ClientLeft):
-            async with self.service.admitted(self.exchange):
-                try:
-                    await until_disconnect(self._answer(scope, receive, send), receive)
-                except ClientGone as exc:
-                    raise ClientLeft from exc
-        if not started[0]:  # the client left first: a status for the access log only
+    async def run(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            with contextlib.suppress(ClientLeft):
+                async with self.service.admitted(self.exchange):
+                    try:
+                        await until_disconnect(self._answer(send), receive)
+                    except ClientGone as exc:
+                        raise ClientLeft from exc
+        except Exception as exc:
+            if self.started:
+                raise
+            await error_response(exc, scope["path"])(scope, receive, send)
+            return
+        if not self.started:  # the client left first: a status for the access log only
             await Response(status_code=499)(scope, receive, send)
 
-    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _answer(self, send: Send) -> None:
         exchange = self.exchange
         opened = await self.service.open(exchange)
         if exchange.request.stream and opened.response.status < 400:
+            self.started = True
             await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             async with contextlib.aclosing(self.service.stream(exchange)) as frames:
                 async for frame in frames:
@@ -246,6 +257,7 @@ class _Answer:
             (b"content-type", reply.content_type.encode("latin-1")),
             (b"content-length", b"%d" % len(reply.body)),
         ]
+        self.started = True
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": reply.body})
 
