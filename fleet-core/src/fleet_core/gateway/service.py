@@ -327,10 +327,11 @@ class GatewayService:
             return
         self._metrics.request_finished(record.model)
         self._metrics.observe(record)
+        prompt, completion, cached = record.billed_tokens()
         used = Amounts(
-            tokens_input=record.prompt_tokens,
-            tokens_output=record.completion_tokens,
-            tokens_cached=record.cached_tokens,
+            tokens_input=prompt,
+            tokens_output=completion,
+            tokens_cached=cached,
             units=record.units or 0,
         )
         self._admission.settle(exchange.reservation, used, request_id=record.request_id)

@@ -27,7 +27,7 @@ Endpoint URLs lose any userinfo, query and fragment, where credentials could hid
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
@@ -167,9 +167,14 @@ class GatewayMetrics:
         """Count one finished request: its status, its tokens and its latencies."""
         labels = _ScopeLabels.of(record)
         self._requests_by(*labels, _status_class(record.status)).inc()
-        for side, amount in _token_sides(record):
+        prompt, completion, cached = record.billed_tokens()
+        if record.kind == "embeddings":  # an embedding produces no tokens, whatever a count says
+            completion = 0
+        for side, amount in (("input_fresh", prompt - cached), ("input_cached", cached)):
             if amount > 0:
                 self._tokens_by(*labels, side).inc(amount)
+        if completion > 0:
+            self._tokens_by(*labels, "output").inc(completion)
         self._observe_latency(record, labels.model)
         self._changed()
 
@@ -239,9 +244,9 @@ class _ScopeLabels(NamedTuple):
     def of(cls, record: UsageRecord) -> _ScopeLabels:
         key_id = record.key_id
         return cls(
-            tenant=_scope_name(record.tenant, default=ANONYMOUS_TENANT, key_id=key_id),
-            project=_scope_name(record.project, default=NO_PROJECT, key_id=key_id),
-            model=_without_key_id(record.model, key_id),
+            _scope_name(record.tenant, default=ANONYMOUS_TENANT, key_id=key_id),
+            _scope_name(record.project, default=NO_PROJECT, key_id=key_id),
+            _without_key_id(record.model, key_id),
         )
 
 
@@ -262,13 +267,6 @@ def _without_key_id(value: str, key_id: str | None) -> str:
 
 def _status_class(status: int) -> str:
     return f"{status // 100}xx" if 100 <= status <= 599 else "other"
-
-
-def _token_sides(record: UsageRecord) -> Iterator[tuple[str, int]]:
-    yield "input_fresh", record.fresh_tokens
-    yield "input_cached", record.cached_tokens
-    if record.kind != "embeddings":  # an embedding produces no tokens, whatever a count says
-        yield "output", record.completion_tokens
 
 
 def _elapsed(start: float, end: float) -> float:
