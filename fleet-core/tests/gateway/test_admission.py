@@ -130,6 +130,16 @@ async def test_missing_and_unknown_keys_are_401(limited: Any) -> None:
         assert models.status_code == 200
 
 
+async def test_of_two_authorization_headers_the_first_counts(limited: Any) -> None:
+    gw = await limited()
+    body = {"model": "m", "messages": MSG}
+    async with httpx.AsyncClient() as http:
+        for keys, status in (((ACME_A, "nope/x/y"), 200), (("nope/x/y", ACME_A), 401)):
+            headers = [("Authorization", f"Bearer {key}") for key in keys]
+            response = await http.post(f"{gw.url}/v1/chat/completions", headers=headers, json=body)
+            assert response.status_code == status, keys
+
+
 async def test_tenant_rpm_is_shared_by_its_keys_and_spares_other_tenants(limited: Any) -> None:
     gw = await limited(FLEET_RATE_TENANTS="acme|rpm=3;globex|rpm=3")
     statuses = [(await chat(gw, key)).status_code for key in (ACME_A, ACME_B, ACME_A)]

@@ -76,14 +76,16 @@ class _Headers(NamedTuple):
 
     @classmethod
     def of(cls, raw: list[tuple[bytes, bytes]]) -> _Headers:
-        found: dict[bytes, str] = {}
-        for name, value in raw:
-            if name in _WANTED and name not in found:
-                found[name] = value.decode("latin-1")
-        return cls(*(found.get(name) for name in _WANTED))
+        found = dict(reversed(raw))  # reversed: the first of a repeated header is kept
+        return cls(
+            _text(found.get(b"authorization")),
+            _text(found.get(b"content-length")),
+            _text(found.get(b"x-session-id")),
+        )
 
 
-_WANTED = (b"authorization", b"content-length", b"x-session-id")
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
 
 
 class _Proxy:
