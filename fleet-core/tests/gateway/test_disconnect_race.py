@@ -139,3 +139,26 @@ async def test_a_shutdown_as_the_answer_ends_is_still_a_cancellation() -> None:
     outer.append(request)
     with pytest.raises(asyncio.CancelledError):
         await request
+
+
+async def test_a_failing_receive_cancels_the_answer_and_leaves_this_task_alone() -> None:
+    ended: list[str] = []
+
+    async def broken_receive() -> dict[str, Any]:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("the server's receive broke")
+
+    async def answer() -> str:
+        try:
+            await asyncio.sleep(10)
+            return "too late"
+        finally:
+            ended.append("cleaned up")
+
+    me = asyncio.current_task()
+    assert me is not None
+    with pytest.raises(RuntimeError, match="receive broke"):
+        await until_disconnect(answer(), broken_receive)
+    assert ended == ["cleaned up"]
+    await asyncio.sleep(0.01)  # the answer's end must not cancel this task afterwards
+    assert me.cancelling() == 0

@@ -10,6 +10,7 @@ is cancelled and awaited too, so nothing outlives the request that started it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -51,10 +52,11 @@ async def until_disconnect(work: Awaitable[T], receive: Receive) -> T:
             pass
     except asyncio.CancelledError:
         if not (race.woken and me.uncancel() == 0):  # not (only) the work's end: a shutdown
-            race.watching = False
-            task.cancel()
-            await task  # its own end (a cancellation, or its error) goes on from here
+            await _abandon(task, race)
             raise
+    except BaseException:  # receive itself failed
+        await _abandon(task, race)
+        raise
     race.watching = False
     if not task.done():  # the client left first
         task.cancel()
@@ -65,6 +67,15 @@ async def until_disconnect(work: Awaitable[T], receive: Receive) -> T:
                 raise
             raise ClientGone from None
     return task.result()
+
+
+async def _abandon(task: asyncio.Future[T], race: _Race) -> None:
+    """Stop watching, cancel the work and wait for its end (its ``finally`` blocks included);
+    the caller's own exception is what goes on."""
+    race.watching = False
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
 
 
 class _Race:
