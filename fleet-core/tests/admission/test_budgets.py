@@ -50,15 +50,68 @@ async def test_a_hold_counts_until_settled_then_until_every_rollup_shows_it() ->
     await store.update_holds(
         book.settle(hold, Amounts(tokens_input=10, tokens_output=5), request_id="r1")
     )
-    assert store.held(key) == 15  # the hold shrank to what was used, and stays
+    # Used less than reserved: the store keeps the reservation (errs on refusing) until the
+    # hold is dropped or touched; the book already counts what was used.
+    assert store.held(key) == 50
+    assert book.unrolled(RULE) == 15
     assert book.refreshed({"rule_a": 0}, started_at=100.0) == []  # the ledger lacks it yet
     book.committed(["r1"], at=101.0)
     # Committed, and this refresh has it, but another gateway's may have started before the
     # commit: the hold stays until a refresh started grace_s after the commit.
     assert book.refreshed({"rule_a": 15}, started_at=102.0) == []
-    assert store.held(key) == 15
+    assert store.held(key) == 50
     await store.update_holds(book.refreshed({"rule_a": 15}, started_at=103.5))
     assert store.held(key) == 0
+    assert book.own() == 0
+
+
+async def test_a_hold_that_grew_at_settlement_is_written_at_once() -> None:
+    """An overrun in any rule's dimension rewrites the hold now: the store never holds less
+    than was used (a shrink may wait; a growth may not, or a budget could be passed)."""
+    store = MemoryStore()
+    book = BudgetBook()
+    book.refreshed({}, started_at=0.0)
+    hold, asks = book.hold([RULE, UNITS], Amounts(tokens_input=10, tokens_output=20, units=300))
+    assert (await store.reserve([], asks)).admitted
+    updates = book.settle(hold, Amounts(tokens_input=10, units=310), request_id="r1")
+    assert {(u.key, u.amount) for u in updates} == {(book_key(RULE), 10), (book_key(UNITS), 310)}
+    await store.update_holds(updates)
+    assert (store.held(book_key(RULE)), store.held(book_key(UNITS))) == (10, 310)
+
+
+async def test_a_hold_settled_under_its_reservation_is_shrunk_by_the_next_touch() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    book = BudgetBook(ttl_s=8.0)
+    book.refreshed({}, started_at=0.0)
+    hold, asks = book.hold([RULE], Amounts(tokens_output=40))
+    assert (await store.reserve([], asks)).admitted
+    assert book.settle(hold, Amounts(tokens_output=12), request_id="r1") == []
+    assert store.held(book_key(RULE)) == 40
+    clock.advance(3.0)
+    await store.update_holds(book.touches(now=time.monotonic() + 2.5))
+    assert store.held(book_key(RULE)) == 12
+    clock.advance(7.0)  # 10 s after the hold was placed, 7 s after the touch: alive
+    assert store.held(book_key(RULE)) == 12
+
+
+async def test_settled_holds_are_dropped_in_commit_order_once_their_cutoff_passed() -> None:
+    store = MemoryStore()
+    book = BudgetBook(grace_s=2.0)
+    book.refreshed({}, started_at=0.0)
+    holds = []
+    for n in range(3):
+        hold, asks = book.hold([RULE], Amounts(tokens_output=10))
+        assert (await store.reserve([], asks)).admitted
+        book.settle(hold, Amounts(tokens_output=10), request_id=f"r{n}")
+        holds.append(hold)
+    book.committed(["r1"], at=10.0)
+    book.committed(["r0", "r2"], at=11.0)
+    book.committed(["r1"], at=12.0)  # reported again: its first commit counts
+    assert {u.id for u in book.refreshed({}, started_at=12.5)} == {holds[1].id}
+    assert book.refreshed({}, started_at=12.9) == []
+    await store.update_holds(book.refreshed({}, started_at=13.5))
+    assert store.held(book_key(RULE)) == 10  # r1's drop was never sent to this store
     assert book.own() == 0
 
 

@@ -132,18 +132,24 @@ class _Replica:
         self.store = store
         self.book = book
         self.in_flight: dict[str, BudgetHold] = {}
-        self.settled: dict[str, tuple[str, int]] = {}
-        """request id -> (hold id, amount used)."""
+        self.settled: dict[str, tuple[str, int, int]] = {}
+        """request id -> (hold id, amount in the store, amount used): a hold settled under its
+        reservation keeps the reservation in the store until the next touch writes its use."""
 
     def hold_ids(self) -> set[str]:
-        return {h.id for h in self.in_flight.values()} | {i for i, _ in self.settled.values()}
+        return {h.id for h in self.in_flight.values()} | {i for i, _, _ in self.settled.values()}
+
+    def touched(self) -> None:
+        """A touch rewrote every hold (each was last written a quarter ttl ago or more)."""
+        self.settled = {r: (i, used, used) for r, (i, _, used) in self.settled.items()}
 
 
 class HoldsMachine(RuleBasedStateMachine):
     """Two replicas reserve, settle, commit, refresh, touch and crash, on one real Redis.
 
     After every step the rule's book in Redis holds exactly what the live replicas track, entry
-    by entry (in flight: the demand; settled and not yet in every rollup: what was used), and its
+    by entry (in flight: the demand; settled and not yet in every rollup: what was used, or the
+    demand if that was more, until a touch writes what was used), and its
     sum is the sum of its entries; a crashed replica's holds are gone once they expired.
 
     Time is driven, not waited for: the holds live ``TTL_S`` (long: no step of a run on a loaded
@@ -183,6 +189,7 @@ class HoldsMachine(RuleBasedStateMachine):
         for replica in replicas:
             self.touch_clock += self.TTL_S
             self.run(replica.store.update_holds(replica.book.touches(now=self.touch_clock)))
+            replica.touched()
 
     def advance(self, seconds: float) -> None:
         """``seconds`` pass for the book: every hold's expiry and both keys' ttls come that much
@@ -257,7 +264,8 @@ class HoldsMachine(RuleBasedStateMachine):
             if hold is not None:
                 updates = replica.book.settle(hold, Amounts(tokens_output=used), request_id=request)
                 self.run(replica.store.update_holds(updates))
-                replica.settled[request] = (hold.id, used)
+                stored = max(used, hold.demand.tokens_output)  # only a growth is written now
+                replica.settled[request] = (hold.id, stored, used)
 
     @rule(side=st.integers(0, 1))
     def commit_and_refresh(self, side: int) -> None:
@@ -285,13 +293,13 @@ class HoldsMachine(RuleBasedStateMachine):
 
     def tracked(self) -> dict[str, int]:
         """Hold id -> amount, for every hold the live replicas track (in flight: the demand;
-        settled and not yet in every rollup: what was used)."""
+        settled and not yet in every rollup: what was used, or the reservation until touched)."""
         expected: dict[str, int] = {}
         for replica in self.replicas:
             for hold in replica.in_flight.values():
                 expected[hold.id] = hold.demand.tokens_output
-            for hold_id, used in replica.settled.values():
-                expected[hold_id] = used
+            for hold_id, stored, _ in replica.settled.values():
+                expected[hold_id] = stored
         return expected
 
     def purge(self, replica: _Replica) -> None:
