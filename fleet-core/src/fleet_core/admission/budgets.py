@@ -37,6 +37,8 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import msgspec
+
 from fleet_core.admission.directory import BudgetDimension, BudgetRule
 from fleet_core.admission.limits import Hold, HoldUpdate
 from fleet_core.errors import RateLimited, ReservationTooLarge
@@ -64,8 +66,7 @@ def scopes_of(tenant: str, project: str) -> tuple[Scope, Scope]:
     return ("tenant", tenant), ("project", f"{tenant}/{project}")
 
 
-@dataclass(frozen=True, slots=True)
-class Amounts:
+class Amounts(msgspec.Struct, frozen=True):
     """What a request reserves or used, in every dimension a rule can limit."""
 
     tokens_input: int = 0
@@ -106,8 +107,7 @@ class Amounts:
 NOTHING = Amounts()
 
 
-@dataclass(frozen=True, slots=True)
-class BudgetHold:
+class BudgetHold(msgspec.Struct, frozen=True):
     """A request's holds: one per rule, all under one id."""
 
     id: str

@@ -34,6 +34,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import msgspec
+
 from fleet_core import stopping
 from fleet_core.admission.budgets import (
     Amounts,
@@ -97,8 +99,7 @@ class _Batch:
     charges: list[Charge]
 
 
-@dataclass(frozen=True)
-class Reservation:
+class Reservation(msgspec.Struct, frozen=True):
     principal: Principal
     tokens: int
     """The token estimate reserved; settlement corrects the tpm buckets by (used - tokens)."""
