@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
@@ -60,6 +61,36 @@ async def test_a_batch_round_trips_every_field(ledger_url: str, spool_path: Path
     assert second.engine_cached_tokens is None
     assert (second.prompt_tokens, second.completion_tokens) == (7, 9)
     assert (second.cached_tokens, second.fresh_tokens, second.count_method) == (0, 7, "chars/4")
+
+
+async def test_the_binary_copy_types_are_the_ledgers_column_types(ledger_url: str) -> None:
+    """The rows go in as binary COPY with types named in the store: they must be the table's."""
+    async with await psycopg.AsyncConnection.connect(ledger_url) as conn:
+        cursor = await conn.execute(
+            "SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
+            " WHERE a.attrelid = 'ledger'::regclass AND a.attnum > 0 AND NOT a.attisdropped"
+        )
+        table = dict(await cursor.fetchall())
+    assert [table[column] for column in store.COLUMNS] == list(store._TYPES)
+
+
+async def test_text_a_client_chose_round_trips_byte_for_byte(
+    ledger_url: str, spool_path: Path
+) -> None:
+    """Model names and client request ids come from clients: tabs, newlines, backslashes and
+    non-ASCII text reach the ledger unchanged (no COPY escaping is ours to get wrong)."""
+    awkward = "m\\odel\t\twith\n\r\x08\x0c\x0b·模型 \\N"
+    record = msgspec.structs.replace(usage(1, model=awkward), client_request_id=awkward[::-1])
+    async with LedgerWriter(ledger_url, spool_path=spool_path) as writer:
+        writer.record(record)
+    async with await psycopg.AsyncConnection.connect(ledger_url) as conn:
+        row = await store.get_row(conn, "req-000001")
+    assert row is not None
+    assert (row.model, row.served_model, row.client_request_id) == (
+        awkward,
+        f"{awkward}-served",
+        awkward[::-1],
+    )
 
 
 async def test_the_rollup_sums_rows_per_tenant_project_model_and_minute(

@@ -78,7 +78,19 @@ _STAGING = (
     "CREATE TEMP TABLE IF NOT EXISTS ledger_staging ON COMMIT DELETE ROWS"
     f" AS SELECT {_COLS} FROM ledger WITH NO DATA"
 )
-_COPY = f"COPY ledger_staging ({_COLS}) FROM STDIN"
+# Binary COPY: psycopg formats a row of these types in C at ~3.5 us, against ~9 us for the text
+# format's per-value conversions (issue 21; one row per request in database mode).
+_COPY = f"COPY ledger_staging ({_COLS}) FROM STDIN (FORMAT BINARY)"
+_TYPES = tuple(
+    {
+        "received_at": "timestamptz",
+        "first_byte_at": "timestamptz",
+        "done_at": "timestamptz",
+        "status": "int4",
+        "stream": "bool",
+    }.get(column, "int8" if column.endswith(("_tokens", "units")) else "text")
+    for column in COLUMNS
+)
 _SUMS = (
     "count(*), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens),"
     " sum(fresh_tokens), coalesce(sum(units), 0)"
@@ -255,6 +267,7 @@ async def insert_batch(conn: Connection, records: Sequence[UsageRecord]) -> int:
     async with conn.transaction(), conn.cursor() as cursor:
         await cursor.execute(_STAGING)
         async with cursor.copy(_COPY) as copy:
+            copy.set_types(_TYPES)
             for record in records:
                 await copy.write_row(row_values(record))
         await cursor.execute(_MOVE)
