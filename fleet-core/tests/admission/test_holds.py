@@ -27,7 +27,7 @@ from hypothesis.stateful import (
 
 from fleet_core.admission.budgets import Amounts, BudgetBook, BudgetHold, book_key
 from fleet_core.admission.directory import BudgetRule
-from fleet_core.admission.limits import Bucket, Charge
+from fleet_core.admission.limits import Bucket, Charge, HoldUpdate
 from fleet_core.admission.store import RedisStore, expiry_key, open_redis_store
 
 from .conftest import TEST_TIMEOUT_S
@@ -125,6 +125,46 @@ async def test_a_crashed_gateways_holds_expire(
         key = book_key(rule, prefix=redis_prefix)
         assert 0 < client.pttl(key) <= 300
         assert 0 < client.pttl(expiry_key(key)) <= 300
+
+
+async def test_thousands_of_holds_in_one_call_are_put_and_dropped_exactly(
+    two: tuple[RedisStore, RedisStore], redis_prefix: str, redis_url: str
+) -> None:
+    """A book's holds are put and dropped a chunk of ids per command (Lua's unpack has a
+    limit): calls of more holds than a chunk leave every entry, expiry and the sum exact."""
+    a, _ = two
+    key = book_key(rule_for(redis_prefix), prefix=redis_prefix)
+    await a.update_holds([HoldUpdate(key, f"h{n}", n % 7, 60_000) for n in range(2_500)])
+    assert entries(redis_url, key) == {f"h{n}": n % 7 for n in range(2_500)}
+    assert held(redis_url, key) == sum(n % 7 for n in range(2_500))
+    await a.update_holds([HoldUpdate(key, f"h{n}", None) for n in range(0, 2_500, 2)])
+    assert entries(redis_url, key) == {f"h{n}": n % 7 for n in range(1, 2_500, 2)}
+    assert held(redis_url, key) == sum(n % 7 for n in range(1, 2_500, 2))
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.zcard(expiry_key(key)) == 1_250
+
+
+async def test_an_id_updated_twice_in_one_call_ends_as_its_last_update(
+    two: tuple[RedisStore, RedisStore], redis_prefix: str, redis_url: str
+) -> None:
+    a, _ = two
+    key = book_key(rule_for(redis_prefix), prefix=redis_prefix)
+    await a.update_holds([HoldUpdate(key, "kept", 40, 60_000), HoldUpdate(key, "gone", 9, 60_000)])
+    await a.update_holds(
+        [
+            HoldUpdate(key, "kept", 5, 60_000),
+            HoldUpdate(key, "gone", 7, 60_000),
+            HoldUpdate(key, "kept", None),
+            HoldUpdate(key, "kept", 3, 60_000),
+            HoldUpdate(key, "gone", None),
+            HoldUpdate(key, "new", 11, 60_000),
+            HoldUpdate(key, "new", 12, 60_000),
+        ]
+    )
+    assert entries(redis_url, key) == {"kept": 3, "new": 12}
+    assert held(redis_url, key) == 15
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.zcard(expiry_key(key)) == 2
 
 
 class _Replica:

@@ -40,10 +40,7 @@ local PURGE_MAX = 100
 
 -- The book's live sum, after dropping (at most PURGE_MAX of) the holds that expired.
 local function held(book, expiry, now_ms)
-  local expired = redis.call('ZRANGEBYSCORE', expiry, '-inf', now_ms, 'LIMIT', 0, PURGE_MAX)
-  for _, id in ipairs(expired) do
-    drop(book, expiry, id)
-  end
+  drop_many(book, expiry, redis.call('ZRANGEBYSCORE', expiry, '-inf', now_ms, 'LIMIT', 0, PURGE_MAX))
   return tonumber(redis.call('HGET', book, 'sum') or '0')
 end
 
@@ -56,10 +53,11 @@ for i = 1, count do
   capacities[i] = tonumber(ARGV[i])
   levels[i] = current(KEYS[i], capacities[i], now)
 end
-local limits, sums = {}, {}
+local limits, sums, placed = {}, {}, {}
 for r = 1, rules do
   limits[r] = tonumber(ARGV[count + 2 * r - 1]) - tonumber(ARGV[count + 2 * r])
   sums[r] = held(KEYS[count + 2 * r - 1], KEYS[count + 2 * r], now_ms)
+  placed[r] = {}
 end
 local pos = count + 2 * rules + 1
 
@@ -108,7 +106,7 @@ for _ = 1, tonumber(ARGV[pos]) do
     for k = 1, m do
       local at = quads_at + 4 * k - 4
       local r, amount = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 3])
-      put(KEYS[count + 2 * r - 1], KEYS[count + 2 * r], ARGV[at + 2], amount, tonumber(ARGV[at + 4]), now_ms)
+      placed[r][#placed[r] + 1] = {ARGV[at + 2], amount, tonumber(ARGV[at + 4])}
       sums[r] = sums[r] + amount
     end
   end
@@ -120,6 +118,10 @@ for i = 1, count do
   if touched[i] then
     store(KEYS[i], levels[i], capacities[i], now)
   end
+end
+-- The admitted holds, placed a book at a time (the verdicts above counted them in sums).
+for r = 1, rules do
+  apply(KEYS[count + 2 * r - 1], KEYS[count + 2 * r], placed[r], now_ms)
 end
 keep_books()
 return out
