@@ -7,9 +7,11 @@ A rule's usage is two parts:
   window, never the number of ledger rows. Every gateway reads it for itself.
 - the rule's **holds**, kept in the limit store beside the token buckets (Redis when there is
   one, so every gateway sees every other's; `limits.Hold`). A request admitted anywhere holds
-  its demand until it settles; then its hold shrinks to what it used and stays until the rollups
-  show the record — until a refresh that started at least ``grace_s`` after the ledger committed
-  it, so every other gateway's refresh has seen it too. Each hold expires ``ttl_s`` after it was
+  its demand until it settles; then its hold is set to what it used (at once if that is more
+  than it held; otherwise at the next touch, keeping the larger reservation meanwhile, which
+  errs on refusing) and stays until the rollups show the record — until a refresh that started
+  at least ``grace_s`` after the ledger committed it, so every other gateway's refresh has seen
+  it too. Each hold expires ``ttl_s`` after it was
   last written; the gateway that owns it touches it while it lives, so only a crashed gateway's
   holds expire (after at most ``ttl_s``).
 
