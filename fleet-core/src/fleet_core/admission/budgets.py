@@ -59,6 +59,9 @@ __all__ = [
 RECENT_LIMIT = 200_000
 """Settled holds tracked until the rollups show them; beyond this the oldest are left to expire."""
 
+KEY_CACHE_SIZE = 10_000
+"""Rules whose book keys are kept; beyond this the cache starts again."""
+
 Scope = tuple[str, str]
 """A rule's scope: ("tenant", tenant id) or ("project", "tenant/project")."""
 
@@ -193,6 +196,8 @@ class BudgetBook:
         """Hold ids: this book's random nonce and a serial, unique among every gateway's holds
         (64 random bits per process) and cheaper to mint and to send than a UUID each."""
         self._ttl_ms = max(1, round(ttl_s * 1000))
+        self._keys: dict[BudgetRule, str] = {}
+        """Each rule's book key, made once (three times per rule per request otherwise)."""
         self._grace_s = grace_s
         self._used: dict[str, int] = {}
         self.loaded = False
@@ -222,6 +227,8 @@ class BudgetBook:
         return self._used.get(rule.id, 0) + self._unheld_usage(rule)
 
     def _unheld_usage(self, rule: BudgetRule) -> int:
+        if not self._unheld_sums:  # the usual case: every request was held
+            return 0
         return self._unheld_sums.get((rule.scope_kind, rule.scope_id), NOTHING).get(rule.dimension)
 
     def knows(self, rules: Sequence[BudgetRule]) -> bool:
@@ -386,4 +393,9 @@ class BudgetBook:
         ]
 
     def _key(self, rule: BudgetRule) -> str:
-        return book_key(rule, prefix=self._prefix)
+        key = self._keys.get(rule)
+        if key is None:
+            if len(self._keys) >= KEY_CACHE_SIZE:
+                self._keys.clear()
+            key = self._keys[rule] = book_key(rule, prefix=self._prefix)
+        return key

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import msgspec
+
 from fleet_core.admission.keys import ANONYMOUS, KeyRing, Principal, bearer_token, digest
 from fleet_core.admission.limits import Bucket
 from fleet_core.admission.policy import Limits, RatePolicy
@@ -36,8 +38,7 @@ BudgetDimension = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class BudgetRule:
+class BudgetRule(msgspec.Struct, frozen=True):
     id: str
     scope_kind: Literal["tenant", "project"]
     scope_id: str

@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+import msgspec
 
 from fleet_core.errors import AuthenticationError, ConfigError
 
@@ -22,8 +23,7 @@ __all__ = ["ANONYMOUS", "KeyRing", "Principal", "bearer_token", "digest", "parse
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-@dataclass(frozen=True, slots=True)
-class Principal:
+class Principal(msgspec.Struct, frozen=True):
     tenant: str
     project: str
     key_id: str
