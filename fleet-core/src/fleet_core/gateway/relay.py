@@ -37,6 +37,7 @@ class StreamMeter:
     choices: int = 1
     """Choices the answer carries; once each has its ``finish_reason`` the text is complete."""
     text: list[str] = field(default_factory=list)
+    """The generated text in pieces (one per read or frame): the record counts their join."""
     usage: Usage | None = None
     broken: str | None = None
     finished: bool = False
@@ -45,10 +46,66 @@ class StreamMeter:
     """The engine sent ``data: [DONE]``: the stream is complete for the client, which may leave
     (the OpenAI SDK closes on it) before the engine's EOF."""
     ended_choices: int = 0
+    partial: bytes = field(default=b"", repr=False)
+    """The start of a frame a read left incomplete; the next read completes it."""
 
     @property
     def generated_all(self) -> bool:
         return self.ended_choices >= self.choices
+
+    def feed(self, data: bytes) -> bytes:
+        """The bytes to send for one read: every frame it completed (some rewritten, some
+        dropped), in order. A read of whole ``data: {...}`` frames, as engines send them, is
+        metered as one block (`_take_block`); anything else frame by frame (`take`)."""
+        buffer = self.partial + data if self.partial else data
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        end = buffer.rfind(b"\n\n") + 2
+        if end < 2:
+            self.partial = buffer
+            return b""
+        sent = self._take_block(buffer[:end])
+        if sent is not None:
+            self.partial = buffer[end:]
+            return sent
+        *frames, self.partial = buffer.split(b"\n\n")
+        return b"".join(self.take([frame + b"\n\n" for frame in frames]))
+
+    def _take_block(self, block: bytes) -> bytes | None:
+        """`take` for a block whose frames are each one line ``data: {...}``, the last maybe
+        ``data: [DONE]``: its JSON decoded in one call, the ``"usage":null`` removed from the
+        whole block at once. None (nothing metered) for any other block.
+
+        The result is `take`'s: where every frame is one line that opens with ``{`` and closes
+        with ``}``, no JSON value can run on from one line into the next (a string may not hold
+        a raw newline; after a ``}`` that closes a nested value, a line's opening ``{`` is an
+        error), so as many values as lines means each line gave the value it gives alone."""
+        done = block.endswith(_DONE) and (len(block) == len(_DONE) or block[-16:-14] == b"\n\n")
+        json = block[: -len(_DONE)] if done else block
+        chunks = _decode_block(json) if json else []
+        if chunks is None:
+            return None
+        self.done = self.done or done
+        self.text.append("".join(map(StreamChunk.text, chunks)))
+        self.ended_choices += _ended(chunks)
+        block = self._take_usage(block, json, chunks)
+        return _without_usage_null(block) if self.strip_usage else block
+
+    def _take_usage(self, block: bytes, json: bytes, chunks: list[StreamChunk]) -> bytes:
+        """Keep the engine's (last) usage; drop its usage-only frames if asked for the client."""
+        usage = [i for i, chunk in enumerate(chunks) if chunk.usage is not None]
+        if not usage:
+            return block
+        self.usage = chunks[usage[-1]].usage
+        dropped = [i for i in usage if not chunks[i].choices] if self.strip_usage else []
+        if not dropped:
+            return block
+        if dropped == [len(chunks) - 1]:  # the usual place of the usage frame: the last chunk
+            last = json.rfind(b"\n\n", 0, -2) + 2 if len(chunks) > 1 else 0
+            return block[:last] + block[len(json) :]
+        frames = json[:-2].split(b"\n\n")
+        kept = b"".join(f + b"\n\n" for i, f in enumerate(frames) if i not in dropped)
+        return kept + block[len(json) :]
 
     def take(self, frames: list[bytes]) -> list[bytes]:
         """The frames to send on (some rewritten, some dropped), in order. Frames that arrived
@@ -76,9 +133,46 @@ class StreamMeter:
             self.usage = chunk.usage  # continuous usage stats: keep the latest
         self.text.append(chunk.text())
         self.ended_choices += chunk.finished()
-        if self.strip_usage and b'"usage":null' in frame:
-            frame = frame.replace(b',"usage":null', b"").replace(b'"usage":null,', b"")
-        return frame
+        return _without_usage_null(frame) if self.strip_usage else frame
+
+
+_DONE = b"data: [DONE]\n\n"
+
+
+def _decode_block(block: bytes) -> list[StreamChunk] | None:
+    """The chunks of a block of one-line ``data: {...}`` (or ``data:{...}``) frames, in order;
+    None unless the block is exactly that and every frame decodes."""
+    prefix = b"data: {" if block.startswith(b"data: {") else b"data:{"
+    if not block.startswith(prefix) or not block.endswith(b"}\n\n"):
+        return None
+    separator = b"}\n\n" + prefix
+    json = block[len(prefix) - 1 : -2].replace(separator, b"}\n{")
+    lines = (len(block) - len(json) - len(prefix) - 1) // (len(separator) - 3) + 1
+    if json.count(b"\n") != lines - 1:  # a newline inside a frame: not one line each
+        return None
+    try:
+        chunks = _chunk_decoder.decode_lines(json)
+    except msgspec.DecodeError:
+        return None
+    return chunks if len(chunks) == lines else None
+
+
+def _ended(chunks: list[StreamChunk]) -> int:
+    """How many choices these chunks end (`StreamChunk.finished`, summed)."""
+    ended = 0
+    for chunk in chunks:
+        for choice in chunk.choices:
+            if choice.finish_reason:
+                ended += 1
+    return ended
+
+
+def _without_usage_null(frames: bytes) -> bytes:
+    """The ``"usage":null`` an engine adds to every chunk once asked for usage, removed."""
+    if b'"usage":null' not in frames:
+        return frames
+    frames = frames.replace(b',"usage":null', b"")
+    return frames.replace(b'"usage":null,', b"") if b'"usage":null,' in frames else frames
 
 
 def _decode(payload: bytes) -> StreamChunk | None:
@@ -90,9 +184,9 @@ def _decode(payload: bytes) -> StreamChunk | None:
 
 def _decode_together(payloads: list[bytes]) -> Iterator[StreamChunk] | None:
     """Several frames' payloads decoded in one call, one line each; None (decode one by one)
-    unless every line is exactly one chunk. No payload is empty or holds a newline, so equal
-    counts mean each line gave one value: the result is what decoding each alone gives."""
-    if len(payloads) < 2:
+    unless each is one ``{...}`` line (see `StreamMeter._take_block`) and each line gave one
+    chunk: the result is then what decoding each alone gives."""
+    if len(payloads) < 2 or not all(p[:1] == b"{" and p[-1:] == b"}" for p in payloads):
         return None
     try:
         chunks = _chunk_decoder.decode_lines(b"\n".join(payloads))
@@ -121,24 +215,16 @@ class Relay:
     def __init__(self, response: aiohttp.ClientResponse, meter: StreamMeter) -> None:
         self._response = response
         self.meter = meter
-        self._buffer = b""
-
-    def _cut(self, chunk: bytes) -> list[bytes]:
-        buffer = self._buffer + chunk
-        if b"\r" in buffer:
-            buffer = buffer.replace(b"\r\n", b"\n")
-        *frames, self._buffer = buffer.split(b"\n\n")
-        return self.meter.take([frame + b"\n\n" for frame in frames]) if frames else []
 
     async def frames(self) -> AsyncIterator[bytes]:
         """Yield the client's frames; a break after the first byte ends with an error frame."""
         meter = self.meter
         try:
             while chunk := await self._response.content.readany():
-                if ready := self._cut(chunk):  # every frame that arrived goes out now, in one write
-                    yield b"".join(ready)
-            if self._buffer.strip():
-                yield self._buffer
+                if ready := meter.feed(chunk):  # every frame that arrived goes out now, at once
+                    yield ready
+            if meter.partial.strip():
+                yield meter.partial
             meter.finished = True
         except TimeoutError:
             meter.broken = "the engine sent nothing within the read timeout (read_timeout_s)"
@@ -157,6 +243,6 @@ class Relay:
         try:
             async with asyncio.timeout(grace_s):
                 while meter.usage is None and (chunk := await self._response.content.readany()):
-                    self._cut(chunk)
+                    meter.feed(chunk)
         except (TimeoutError, aiohttp.ClientError):
             pass

@@ -1,0 +1,170 @@
+"""The relay meters a read of whole frames as one block (issue 21): for any stream cut into
+reads at any byte, it sends and meters exactly what a plain frame-by-frame relay does."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleet_core.gateway.relay import StreamMeter
+from fleet_core.gateway.wire import StreamChunk, Usage
+
+
+def _data(frame: bytes) -> bytes | None:
+    for line in frame.split(b"\n"):
+        if line.startswith(b"data:"):
+            return line[5:].strip()
+    return None
+
+
+@dataclass
+class _Reference:
+    """The relay written plainly: cut each read into frames, decode and meter each alone."""
+
+    strip_usage: bool
+    partial: bytes = b""
+    text: list[str] = field(default_factory=list)
+    usage: Usage | None = None
+    done: bool = False
+    ended_choices: int = 0
+
+    def feed(self, data: bytes) -> bytes:
+        buffer = (self.partial + data).replace(b"\r\n", b"\n")
+        *frames, self.partial = buffer.split(b"\n\n")
+        sent = (self._frame(frame + b"\n\n") for frame in frames)
+        return b"".join(frame for frame in sent if frame is not None)
+
+    def _frame(self, frame: bytes) -> bytes | None:
+        payload = _data(frame)
+        if payload == b"[DONE]":
+            self.done = True
+        if payload is None or payload == b"[DONE]":
+            return frame
+        try:
+            chunk = msgspec.json.decode(payload, type=StreamChunk)
+        except msgspec.DecodeError:
+            return frame
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+            if not chunk.choices:
+                return None if self.strip_usage else frame
+        for choice in chunk.choices:
+            for part in (choice.delta, choice.message):
+                if part is not None:
+                    self.text.append(part.generated())
+            self.text.append(choice.text or "")
+            self.ended_choices += bool(choice.finish_reason)
+        if self.strip_usage:
+            frame = frame.replace(b',"usage":null', b"").replace(b'"usage":null,', b"")
+        return frame
+
+
+_words = st.text(st.sampled_from('ab "\\\n\t\r{}:,é€😀'), max_size=6) | st.sampled_from(
+    ["usage", '"usage":null', '"usage":{}', "}\n\ndata: {", "data: [DONE]", "\u2028"]
+)
+_usage = st.fixed_dictionaries(
+    {"prompt_tokens": st.integers(0, 99), "completion_tokens": st.integers(0, 99)}
+)
+
+
+@st.composite
+def _chunk(draw: st.DrawFn, n: int, asked: bool) -> dict[str, object]:
+    choices = []
+    for i in draw(st.sets(st.integers(0, n - 1), min_size=1)):
+        part = draw(st.sampled_from(["delta", "text", "message"]))
+        words = draw(_words)
+        choices.append(
+            {
+                "index": i,
+                part: {"content": words} if part != "text" else words,
+                "finish_reason": draw(st.sampled_from([None, "stop", "length", ""])),
+            }
+        )
+    chunk: dict[str, object] = {"id": "x", "object": "chat.completion.chunk", "choices": choices}
+    if asked:  # an engine asked for usage says so in every chunk: null, or the running usage
+        chunk["usage"] = draw(st.none() | _usage)
+    return chunk
+
+
+_garbage = st.sampled_from(
+    [
+        b": keep-alive",
+        b"data:",
+        b"data: ",
+        b"data: [DONE]",
+        b"event: x\ndata: {}",
+        b'data: {"choices": [] } {"choices": []}',
+        b'data: {"usage":null,"choices":[],"a":"',
+        b'data: "}',
+        b"data: {}{}",
+        b'data: {"choices":[],"usage":{"prompt_tokens":7},"b":',
+        b"data: 1}",
+        b'data: {"choices":[]}\n{"choices":[]}',
+        b"data: {\x0b}",
+        b"data: {\"usage\":null}\n\n\n",
+    ]
+) | st.binary(max_size=12).map(lambda b: b"data: {" + b.replace(b"\n", b"") + b"}")
+
+
+def _encode(chunk: dict[str, object], spaced: bool, prefix: bytes) -> bytes:
+    body = json.dumps(chunk).encode() if spaced else msgspec.json.encode(chunk)
+    return prefix + body
+
+
+@st.composite
+def _stream(draw: st.DrawFn) -> tuple[bytes, bool]:
+    n, asked = draw(st.integers(1, 4)), draw(st.booleans())
+    spaced, prefix = draw(st.booleans()), draw(st.sampled_from([b"data: ", b"data:"]))
+    frames = [_encode(draw(_chunk(n, asked)), spaced, prefix) for _ in range(draw(st.integers(0, 6)))]
+    for _ in range(draw(st.integers(0, 2))):
+        frames.insert(draw(st.integers(0, len(frames))), draw(_garbage))
+    if asked and draw(st.booleans()):
+        frames.append(_encode({"id": "x", "choices": [], "usage": draw(_usage)}, spaced, prefix))
+    if draw(st.booleans()):
+        frames.append(b"data: [DONE]")
+    body = b"".join(frame + b"\n\n" for frame in frames) + draw(st.sampled_from([b"", b"data: {"]))
+    if draw(st.booleans()):
+        body = body.replace(b"\n", b"\r\n")
+    return body, draw(st.booleans())
+
+
+@settings(max_examples=600)
+@given(_stream(), st.data())
+def test_reads_are_sent_and_metered_as_frame_by_frame(
+    stream: tuple[bytes, bool], data: st.DataObject
+) -> None:
+    body, strip = stream
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(body) - 1)), max_size=4)))
+    reads = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    meter, reference = StreamMeter(strip_usage=strip), _Reference(strip_usage=strip)
+    for read in filter(None, reads):
+        assert meter.feed(read) == reference.feed(read)
+    assert meter.partial == reference.partial
+    assert "".join(meter.text) == "".join(reference.text)
+    assert meter.usage == reference.usage
+    assert (meter.done, meter.ended_choices) == (reference.done, reference.ended_choices)
+
+
+def _engine_stream(words: list[str]) -> bytes:
+    frames = [
+        {"id": "x", "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]}
+        for w in words
+    ]
+    frames[-1]["choices"][0]["finish_reason"] = "stop"  # type: ignore[index]
+    usage = {"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+    chunks = [msgspec.json.encode({**f, "usage": None}) for f in [*frames, usage]][:-1]
+    chunks.append(msgspec.json.encode(usage))
+    return b"".join(b"data: " + c + b"\n\n" for c in [*chunks, b"[DONE]"])
+
+
+def test_an_engine_stream_read_whole_is_metered_as_one_block() -> None:
+    meter = StreamMeter(strip_usage=True)
+    sent = meter.feed(_engine_stream(["Hel", 'lo "usage"']))
+    assert meter.text == ['Hello "usage"']  # one piece: the block path, not frame by frame
+    assert (meter.usage, meter.done, meter.generated_all) == (Usage(3, 2), True, True)
+    assert b'"usage"' not in sent.replace(b'lo \\"usage\\"', b"")
+    assert sent.endswith(b'"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
