@@ -3,10 +3,12 @@ reads at any byte, it sends and meters exactly what a plain frame-by-frame relay
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -90,22 +92,26 @@ def _chunk(draw: st.DrawFn, n: int, asked: bool) -> dict[str, object]:
     return chunk
 
 
+_ATTACKS = [  # frames that, read together, could put one frame's JSON in another's place
+    b'data: {"choices":[],"usage":null} {"choices":[]}',
+    b'data: {"choices":[],"usage":\n{"prompt_tokens":7}}',
+    b'data: {"choices":[],"usage":{"prompt_tokens":7},"b":',
+    b"data: 1} {}",
+    b'data: {"usage":null,"choices":[],"a":"',
+    b'data: "}',
+    b"data: {}{}",
+    b'data: {"choices":[]}\n{"choices":[]}',
+]
 _garbage = st.sampled_from(
     [
+        *_ATTACKS,
         b": keep-alive",
         b"data:",
         b"data: ",
         b"data: [DONE]",
         b"event: x\ndata: {}",
-        b'data: {"choices": [] } {"choices": []}',
-        b'data: {"usage":null,"choices":[],"a":"',
-        b'data: "}',
-        b"data: {}{}",
-        b'data: {"choices":[],"usage":{"prompt_tokens":7},"b":',
-        b"data: 1}",
-        b'data: {"choices":[]}\n{"choices":[]}',
         b"data: {\x0b}",
-        b"data: {\"usage\":null}\n\n\n",
+        b'data: {"usage":null}\n\n\n',
     ]
 ) | st.binary(max_size=12).map(lambda b: b"data: {" + b.replace(b"\n", b"") + b"}")
 
@@ -119,8 +125,9 @@ def _encode(chunk: dict[str, object], spaced: bool, prefix: bytes) -> bytes:
 def _stream(draw: st.DrawFn) -> tuple[bytes, bool]:
     n, asked = draw(st.integers(1, 4)), draw(st.booleans())
     spaced, prefix = draw(st.booleans()), draw(st.sampled_from([b"data: ", b"data:"]))
-    frames = [_encode(draw(_chunk(n, asked)), spaced, prefix) for _ in range(draw(st.integers(0, 6)))]
-    for _ in range(draw(st.integers(0, 2))):
+    chunks = draw(st.lists(_chunk(n, asked), max_size=6))
+    frames = [_encode(chunk, spaced, prefix) for chunk in chunks]
+    for _ in range(draw(st.integers(0, 4))):
         frames.insert(draw(st.integers(0, len(frames))), draw(_garbage))
     if asked and draw(st.booleans()):
         frames.append(_encode({"id": "x", "choices": [], "usage": draw(_usage)}, spaced, prefix))
@@ -147,6 +154,19 @@ def test_reads_are_sent_and_metered_as_frame_by_frame(
     assert "".join(meter.text) == "".join(reference.text)
     assert meter.usage == reference.usage
     assert (meter.done, meter.ended_choices) == (reference.done, reference.ended_choices)
+
+
+@pytest.mark.parametrize("strip", [True, False])
+@pytest.mark.parametrize("first", [b"", b": keep-alive\n\n"])  # the block path, or frame by frame
+@pytest.mark.parametrize("attack", list(itertools.permutations(_ATTACKS, 2)))
+def test_frames_cannot_trade_places_when_decoded_together(
+    attack: tuple[bytes, bytes], first: bytes, strip: bool
+) -> None:
+    normal = b'data: {"choices":[{"delta":{"content":"a"}}],"usage":null}\n\n'
+    body = first + normal + b"".join(frame + b"\n\n" for frame in attack) + normal
+    meter, reference = StreamMeter(strip_usage=strip), _Reference(strip_usage=strip)
+    assert meter.feed(body) == reference.feed(body)
+    assert ("".join(meter.text), meter.usage) == ("".join(reference.text), reference.usage)
 
 
 def _engine_stream(words: list[str]) -> bytes:

@@ -80,7 +80,7 @@ class StreamMeter:
         with ``}``, no JSON value can run on from one line into the next (a string may not hold
         a raw newline; after a ``}`` that closes a nested value, a line's opening ``{`` is an
         error), so as many values as lines means each line gave the value it gives alone."""
-        done = block.endswith(_DONE) and (len(block) == len(_DONE) or block[-16:-14] == b"\n\n")
+        done = block.endswith(_DONE)  # after a whole frame, or `_decode_block` refuses the block
         json = block[: -len(_DONE)] if done else block
         chunks = _decode_block(json) if json else []
         if chunks is None:
