@@ -175,9 +175,7 @@ def _ended(chunks: list[StreamChunk]) -> int:
 
 def _without_usage_null(frames: bytes) -> bytes:
     """The ``"usage":null`` an engine adds to every chunk once asked for usage, removed."""
-    if b'"usage":null' not in frames:
-        return frames
-    frames = frames.replace(b',"usage":null', b"")
+    frames = frames.replace(b',"usage":null', b"")  # the same bytes when there is none
     return frames.replace(b'"usage":null,', b"") if b'"usage":null,' in frames else frames
 
 
