@@ -79,24 +79,26 @@ async def test_an_answer_or_its_error_comes_back_whatever_receive_does(
     assert me.cancelling() == 0
 
 
+async def _slow_answer(ended: list[str]) -> str:
+    """An answer that never comes in time, whose cleanup itself awaits (closing the engine's
+    side) and then notes in ``ended`` that it ran."""
+    try:
+        await asyncio.sleep(10)
+        return "too late"
+    finally:
+        await asyncio.sleep(0.01)
+        ended.append("cleaned up")
+
+
 @pytest.mark.parametrize("says_when_complete", [True, False])
 async def test_a_client_leaving_cancels_the_answer_and_waits_for_its_end(
     says_when_complete: bool,
 ) -> None:
     conn = Connection(says_when_complete=says_when_complete)
     ended: list[str] = []
-
-    async def answer() -> str:
-        try:
-            await asyncio.sleep(10)
-            return "too late"
-        finally:
-            await asyncio.sleep(0.01)  # cleanup that itself awaits (closing the engine's side)
-            ended.append("cleaned up")
-
     asyncio.get_running_loop().call_later(0.02, conn.leave)
     with pytest.raises(ClientGone):
-        await until_disconnect(answer(), conn.receive)
+        await until_disconnect(_slow_answer(ended), conn.receive)
     assert ended == ["cleaned up"]
 
 
@@ -106,16 +108,7 @@ async def test_a_shutdown_cancels_the_answer_and_stays_a_cancellation(
 ) -> None:
     conn = Connection(says_when_complete=says_when_complete)
     ended: list[str] = []
-
-    async def answer() -> str:
-        try:
-            await asyncio.sleep(10)
-            return "too late"
-        finally:
-            await asyncio.sleep(0.01)
-            ended.append("cleaned up")
-
-    request = asyncio.ensure_future(until_disconnect(answer(), conn.receive))
+    request = asyncio.ensure_future(until_disconnect(_slow_answer(ended), conn.receive))
     await asyncio.sleep(0.01)
     request.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
 
 import msgspec
 import pytest
@@ -13,57 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet_core.gateway.relay import StreamMeter
-from fleet_core.gateway.wire import StreamChunk, Usage
+from fleet_core.gateway.wire import Usage
 
-
-def _data(frame: bytes) -> bytes | None:
-    for line in frame.split(b"\n"):
-        if line.startswith(b"data:"):
-            return line[5:].strip()
-    return None
-
-
-@dataclass
-class _Reference:
-    """The relay written plainly: cut each read into frames, decode and meter each alone."""
-
-    strip_usage: bool
-    partial: bytes = b""
-    text: list[str] = field(default_factory=list)
-    usage: Usage | None = None
-    done: bool = False
-    ended_choices: int = 0
-
-    def feed(self, data: bytes) -> bytes:
-        buffer = (self.partial + data).replace(b"\r\n", b"\n")
-        *frames, self.partial = buffer.split(b"\n\n")
-        sent = (self._frame(frame + b"\n\n") for frame in frames)
-        return b"".join(frame for frame in sent if frame is not None)
-
-    def _frame(self, frame: bytes) -> bytes | None:
-        payload = _data(frame)
-        if payload == b"[DONE]":
-            self.done = True
-        if payload is None or payload == b"[DONE]":
-            return frame
-        try:
-            chunk = msgspec.json.decode(payload, type=StreamChunk)
-        except msgspec.DecodeError:
-            return frame
-        if chunk.usage is not None:
-            self.usage = chunk.usage
-            if not chunk.choices:
-                return None if self.strip_usage else frame
-        for choice in chunk.choices:
-            for part in (choice.delta, choice.message):
-                if part is not None:
-                    self.text.append(part.generated())
-            self.text.append(choice.text or "")
-            self.ended_choices += bool(choice.finish_reason)
-        if self.strip_usage:
-            frame = frame.replace(b',"usage":null', b"").replace(b'"usage":null,', b"")
-        return frame
-
+from .relay_reference import Reference
 
 _words = st.text(st.sampled_from('ab "\\\n\t\r{}:,é€😀'), max_size=6) | st.sampled_from(
     ["usage", '"usage":null', '"usage":{}', "}\n\ndata: {", "data: [DONE]", "\u2028"]
@@ -147,7 +98,7 @@ def test_reads_are_sent_and_metered_as_frame_by_frame(
     body, strip = stream
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(body) - 1)), max_size=4)))
     reads = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
-    meter, reference = StreamMeter(strip_usage=strip), _Reference(strip_usage=strip)
+    meter, reference = StreamMeter(strip_usage=strip), Reference(strip_usage=strip)
     for read in filter(None, reads):
         assert meter.feed(read) == reference.feed(read)
     assert meter.partial == reference.partial
@@ -164,7 +115,7 @@ def test_frames_cannot_trade_places_when_decoded_together(
 ) -> None:
     normal = b'data: {"choices":[{"delta":{"content":"a"}}],"usage":null}\n\n'
     body = first + normal + b"".join(frame + b"\n\n" for frame in attack) + normal
-    meter, reference = StreamMeter(strip_usage=strip), _Reference(strip_usage=strip)
+    meter, reference = StreamMeter(strip_usage=strip), Reference(strip_usage=strip)
     assert meter.feed(body) == reference.feed(body)
     assert ("".join(meter.text), meter.usage) == ("".join(reference.text), reference.usage)
 
