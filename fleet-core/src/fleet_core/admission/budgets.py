@@ -37,8 +37,6 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-
 import msgspec
 
 from fleet_core.admission.directory import BudgetDimension, BudgetRule
@@ -60,7 +58,7 @@ RECENT_LIMIT = 200_000
 """Settled holds tracked until the rollups show them; beyond this the oldest are left to expire."""
 
 KEY_CACHE_SIZE = 10_000
-"""Rules whose book keys are kept; beyond this the cache starts again."""
+"""Sets of rules whose book keys are kept; beyond this the cache starts again."""
 
 Scope = tuple[str, str]
 """A rule's scope: ("tenant", tenant id) or ("project", "tenant/project")."""
@@ -124,11 +122,13 @@ class BudgetExceeded(RateLimited):
     default_code = "budget_exceeded"
 
 
-@dataclass
-class _Entry:
-    """One of this gateway's holds: what the store holds per rule, and when it was committed."""
+class _Entry(msgspec.Struct, gc=False):
+    """One of this gateway's holds: what the store holds per rule, and when it was committed.
+    (A struct, not a dataclass: one is made per request, ~0.1 µs against ~1 µs.)"""
 
     hold: BudgetHold
+    keys: tuple[str, ...]
+    """The rules' books in the store, in ``hold.rules`` order."""
     amounts: tuple[int, ...]
     written_at: float
     """When the store was last given this hold (monotonic clock): placed, settled or touched."""
@@ -136,8 +136,7 @@ class _Entry:
     committed_at: float | None = None
 
 
-@dataclass
-class _Unheld:
+class _Unheld(msgspec.Struct):
     """A request settled without a hold: what it used, against its scopes, until rolled up."""
 
     scopes: tuple[Scope, ...]
@@ -196,8 +195,9 @@ class BudgetBook:
         """Hold ids: this book's random nonce and a serial, unique among every gateway's holds
         (64 random bits per process) and cheaper to mint and to send than a UUID each."""
         self._ttl_ms = max(1, round(ttl_s * 1000))
-        self._keys: dict[BudgetRule, str] = {}
-        """Each rule's book key, made once (three times per rule per request otherwise)."""
+        self._keys: dict[tuple[BudgetRule, ...], tuple[str, ...]] = {}
+        """The book keys of each set of rules a request met, made once (per rule per request
+        otherwise); kept on the hold's entry for its settlement, touches and drop."""
         self._grace_s = grace_s
         self._used: dict[str, int] = {}
         self.loaded = False
@@ -272,19 +272,22 @@ class BudgetBook:
     def hold(self, rules: Sequence[BudgetRule], demand: Amounts) -> tuple[BudgetHold, list[Hold]]:
         """A new hold for ``demand`` and what to ask the store; tracked from now on, so that
         a reservation that never completes can still be dropped (`release`)."""
-        hold = BudgetHold(f"h{self._nonce}{next(self._serial):x}", tuple(rules), demand)
-        amounts = tuple(demand.get(rule.dimension) for rule in rules)
-        self._entries[hold.id] = _Entry(hold, amounts, time.monotonic())
+        rules = tuple(rules)
+        hold = BudgetHold(f"h{self._nonce}{next(self._serial):x}", rules, demand)
+        keys = self._keys_of(rules)
+        amounts = tuple([demand.get(rule.dimension) for rule in rules])
+        self._entries[hold.id] = _Entry(hold, keys, amounts, time.monotonic())
+        ttl_ms, hold_id = self._ttl_ms, hold.id
         asks = [
-            Hold(self._key(rule), hold.id, amount, rule.limit, self.usage(rule), self._ttl_ms)
-            for rule, amount in zip(rules, amounts, strict=True)
+            Hold(key, hold_id, amount, rule.limit, self.usage(rule), ttl_ms)
+            for rule, key, amount in zip(rules, keys, amounts, strict=True)
         ]
         return hold, asks
 
     def release(self, hold: BudgetHold) -> list[HoldUpdate]:
         """Give a hold back unused (the request was refused or never started)."""
         self._entries.pop(hold.id, None)
-        return [HoldUpdate(self._key(rule), hold.id, None) for rule in hold.rules]
+        return [HoldUpdate(key, hold.id, None) for key in self._keys_of(tuple(hold.rules))]
 
     def settle(self, hold: BudgetHold, used: Amounts, *, request_id: str) -> list[HoldUpdate]:
         """Set the hold to what was used; it stays until the rollups show it.
@@ -298,13 +301,13 @@ class BudgetBook:
         if entry is None or entry.settled:
             return []
         reserved = entry.amounts
-        entry.amounts = tuple(used.get(rule.dimension) for rule in hold.rules)
+        entry.amounts = amounts = tuple([used.get(rule.dimension) for rule in hold.rules])
         entry.settled = True
         self._settled[request_id] = hold.id
-        while len(self._settled) > RECENT_LIMIT:
+        if len(self._settled) > RECENT_LIMIT:
             _, dropped = self._settled.popitem(last=False)
             self._entries.pop(dropped, None)  # no longer touched: it expires within ttl_s
-        if all(now <= then for now, then in zip(entry.amounts, reserved, strict=True)):
+        if amounts == reserved or all([a <= b for a, b in zip(amounts, reserved, strict=True)]):
             return []
         entry.written_at = time.monotonic()
         return self._puts(entry)
@@ -358,7 +361,7 @@ class BudgetBook:
         while commits and commits[0][0] < cutoff:  # commit times only grow (monotonic clock)
             entry = self._entries.pop(self._settled.pop(commits.popleft()[1], ""), None)
             if entry is not None:
-                drops += [HoldUpdate(self._key(r), entry.hold.id, None) for r in entry.hold.rules]
+                drops += [HoldUpdate(key, entry.hold.id, None) for key in entry.keys]
         return drops
 
     def _drop_unheld(self, cutoff: float) -> None:
@@ -388,14 +391,14 @@ class BudgetBook:
 
     def _puts(self, entry: _Entry) -> list[HoldUpdate]:
         return [
-            HoldUpdate(self._key(rule), entry.hold.id, amount, self._ttl_ms)
-            for rule, amount in zip(entry.hold.rules, entry.amounts, strict=True)
+            HoldUpdate(key, entry.hold.id, amount, self._ttl_ms)
+            for key, amount in zip(entry.keys, entry.amounts, strict=True)
         ]
 
-    def _key(self, rule: BudgetRule) -> str:
-        key = self._keys.get(rule)
-        if key is None:
+    def _keys_of(self, rules: tuple[BudgetRule, ...]) -> tuple[str, ...]:
+        keys = self._keys.get(rules)
+        if keys is None:
             if len(self._keys) >= KEY_CACHE_SIZE:
                 self._keys.clear()
-            key = self._keys[rule] = book_key(rule, prefix=self._prefix)
-        return key
+            keys = self._keys[rules] = tuple([book_key(r, prefix=self._prefix) for r in rules])
+        return keys

@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 BUCKET_CACHE_SIZE = 10_000
+RULES_CACHE_SIZE = 10_000
+"""Principals whose budget rules are kept per snapshot; beyond this the cache starts again."""
 BudgetDimension = Literal[
     "tokens_total", "tokens_input", "tokens_output", "tokens_cached", "tokens_fresh", "units"
 ]
@@ -186,6 +188,8 @@ class CatalogDirectory:
             rules.setdefault((rule.scope_kind, rule.scope_id), []).append(rule)
         self._catalog = catalog
         self._rules = {scope: tuple(found) for scope, found in rules.items()}
+        self._rules_of: dict[Principal, tuple[BudgetRule, ...]] = {}
+        """Each principal's rules in this snapshot, gathered once (principals are few)."""
         self._buckets = _BucketCache(catalog.policy(self._default_max_tokens))
 
     @property
@@ -233,10 +237,16 @@ class CatalogDirectory:
         return self._buckets.get(principal, prefix)
 
     def rules(self, principal: Principal) -> Sequence[BudgetRule]:
-        project_id = f"{principal.tenant}/{principal.project}"
-        return self._rules.get(("tenant", principal.tenant), ()) + self._rules.get(
-            ("project", project_id), ()
-        )
+        found = self._rules_of.get(principal)
+        if found is None:
+            if len(self._rules_of) >= RULES_CACHE_SIZE:
+                self._rules_of.clear()
+            project_id = f"{principal.tenant}/{principal.project}"
+            found = self._rules.get(("tenant", principal.tenant), ()) + self._rules.get(
+                ("project", project_id), ()
+            )
+            self._rules_of[principal] = found
+        return found
 
     @property
     def has_rules(self) -> bool:

@@ -291,7 +291,9 @@ class Admission:
         the sum is the same correction; the only cost is that a refund lands a moment later.
         """
         if reservation.hold is not None:
-            self._queue_holds(self._budgets.settle(reservation.hold, used, request_id=request_id))
+            grown = self._budgets.settle(reservation.hold, used, request_id=request_id)
+            if grown:  # usually not: a hold settled within its reservation is not rewritten
+                self._queue_holds(grown)
         else:
             principal = reservation.principal
             scopes = scopes_of(principal.tenant, principal.project)

@@ -56,6 +56,8 @@ __all__ = [
 
 SWEEP_INTERVAL_S = 60.0
 """How often `MemoryStore` forgets expired buckets (a scan of all of them)."""
+ADMITTED = Decision(True)
+"""Every admission's decision, made once (it is frozen)."""
 NEVER_MS = -1
 """The admit script's retry_ms for an amount that can never fit."""
 HOLD_REFUSED = 2
@@ -127,7 +129,7 @@ class MemoryStore:
             self._write(charge, level, now)
         for hold in holds:
             self._book(hold.key).holds[hold.id] = (hold.amount, now + hold.ttl_ms / 1000)
-        return Decision(True)
+        return ADMITTED
 
     async def update_holds(self, updates: Sequence[HoldUpdate]) -> None:
         now = self._now()
@@ -203,11 +205,11 @@ class RedisStore:
         merged = [(_merged(charges), holds) for charges, holds in reservations]
         sent = [(m, h) for m, h in merged if m or h]
         if not sent:
-            return [Decision(True) for _ in merged]
+            return [ADMITTED for _ in merged]
         keys, args = _admit_call(sent)
         reply = iter(await self._run(self._admit, keys, args))
         return [
-            _decision([next(reply), next(reply), next(reply)], m) if m or h else Decision(True)
+            _decision([next(reply), next(reply), next(reply)], m) if m or h else ADMITTED
             for m, h in merged
         ]
 
@@ -388,6 +390,8 @@ class _CPacked:
 
 def _merged(charges: Sequence[Charge]) -> list[Charge]:
     """One charge per key, amounts summed, so a bucket named twice is charged once, in full."""
+    if len({charge.bucket.key for charge in charges}) == len(charges):
+        return list(charges)  # the usual case: every key once, nothing to sum
     by_key: dict[str, Charge] = {}
     for charge in charges:
         seen = by_key.get(charge.bucket.key)
@@ -429,7 +433,7 @@ def _admit_call(sent: Sequence[Ask]) -> tuple[list[str], list[int | str]]:
 
 def _decision(reply: list[int], charges: Sequence[Charge]) -> Decision:
     if reply[0] == 1:
-        return Decision(True)
+        return ADMITTED
     if reply[0] == HOLD_REFUSED:
         return Decision(False, refused_hold=reply[1] - 1, excess=reply[2])
     _, index, retry_ms = reply
