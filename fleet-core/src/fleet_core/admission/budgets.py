@@ -273,15 +273,18 @@ class BudgetBook:
         """A new hold for ``demand`` and what to ask the store; tracked from now on, so that
         a reservation that never completes can still be dropped (`release`)."""
         rules = tuple(rules)
-        hold = BudgetHold(f"h{self._nonce}{next(self._serial):x}", rules, demand)
+        hold_id = f"h{self._nonce}{next(self._serial):x}"
+        hold = BudgetHold(hold_id, rules, demand)
         keys = self._keys_of(rules)
-        amounts = tuple([demand.get(rule.dimension) for rule in rules])
-        self._entries[hold.id] = _Entry(hold, keys, amounts, time.monotonic())
-        ttl_ms, hold_id = self._ttl_ms, hold.id
-        asks = [
-            Hold(key, hold_id, amount, rule.limit, self.usage(rule), ttl_ms)
-            for rule, key, amount in zip(rules, keys, amounts, strict=True)
-        ]
+        amounts: list[int] = []
+        asks: list[Hold] = []
+        ttl_ms, used = self._ttl_ms, self._used
+        for rule, key in zip(rules, keys, strict=True):  # a loop: it runs on every request
+            amount = demand.get(rule.dimension)
+            base = used.get(rule.id, 0) + (self._unheld_usage(rule) if self._unheld_sums else 0)
+            amounts.append(amount)
+            asks.append(Hold(key, hold_id, amount, rule.limit, base, ttl_ms))
+        self._entries[hold_id] = _Entry(hold, keys, tuple(amounts), time.monotonic())
         return hold, asks
 
     def release(self, hold: BudgetHold) -> list[HoldUpdate]:
