@@ -37,6 +37,7 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
+
 import msgspec
 
 from fleet_core.admission.directory import BudgetDimension, BudgetRule
