@@ -111,8 +111,11 @@ class Amounts(msgspec.Struct, frozen=True):
 NOTHING = Amounts()
 
 
-class BudgetHold(msgspec.Struct, frozen=True):
-    """A request's holds: one per rule, all under one id."""
+class BudgetHold(msgspec.Struct, frozen=True, gc=False):
+    """A request's holds: one per rule, all under one id. Untracked by the garbage collector
+    (``gc=False``: it can take part in no cycle, holding strings, numbers and frozen structs):
+    thousands live for seconds, settled and waiting for the rollups, and every collection of
+    an older generation would walk them."""
 
     id: str
     rules: Sequence[BudgetRule]
@@ -137,7 +140,7 @@ class _Entry(msgspec.Struct, gc=False):
     committed_at: float | None = None
 
 
-class _Unheld(msgspec.Struct):
+class _Unheld(msgspec.Struct, gc=False):
     """A request settled without a hold: what it used, against its scopes, until rolled up."""
 
     scopes: tuple[Scope, ...]

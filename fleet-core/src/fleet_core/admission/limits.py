@@ -52,7 +52,7 @@ class Bucket(msgspec.Struct, frozen=True):
         return self.capacity / 60.0
 
 
-class Charge(msgspec.Struct, frozen=True):
+class Charge(msgspec.Struct, frozen=True, gc=False):  # in no cycle, untracked by the collector
     bucket: Bucket
     amount: int
     """Units to take (positive) or, at settlement, to give back (negative)."""

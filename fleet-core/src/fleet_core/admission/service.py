@@ -99,7 +99,7 @@ class _Batch:
     charges: list[Charge]
 
 
-class Reservation(msgspec.Struct, frozen=True):
+class Reservation(msgspec.Struct, frozen=True, gc=False):  # in no cycle: see BudgetHold
     principal: Principal
     tokens: int
     """The token estimate reserved; settlement corrects the tpm buckets by (used - tokens)."""
