@@ -16,10 +16,10 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net/http"
+	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -32,7 +32,7 @@ const reply = "Hello from the Fleet stub engine: this is a canned reply."
 
 const maxBody = 1 << 20
 
-type request struct {
+type completion struct {
 	Model               *string         `json:"model"`
 	Messages            []message       `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
@@ -97,20 +97,12 @@ func main() {
 		"id": model, "object": "model", "created": time.Now().Unix(), "owned_by": "vllm",
 		"root": model, "parent": nil, "max_model_len": 4096,
 	}}})
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", s.authed(func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) }))
-	mux.HandleFunc("POST /v1/completions", s.authed(func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) }))
-	mux.HandleFunc("GET /v1/models", s.authed(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(s.models)
-	}))
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
-	mux.HandleFunc("GET /metrics", s.metrics)
-	server := &http.Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Handler: mux}
-	if err := server.ListenAndServe(); err != nil {
-		fmt.Fprintln(os.Stderr, "stubgo:", err)
-		os.Exit(1)
+	listener, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err == nil {
+		err = s.serve(listener)
 	}
+	fmt.Fprintln(os.Stderr, "stubgo:", err)
+	os.Exit(1)
 }
 
 // prepare splits the reply into tokens and quotes, once, what every answer carries.
@@ -143,61 +135,69 @@ func tokenDelay(value string) (time.Duration, error) {
 	return time.Duration(ms * float64(time.Millisecond)), nil
 }
 
-// wait sleeps d, or less when the client has gone; false when it has.
-func wait(r *http.Request, d time.Duration) bool {
-	if d <= 0 {
-		return true
+// route answers one request: net/http's ServeMux's answers for a path it does not know (404) or
+// a method a path does not take (405).
+func (s *stub) route(c *connection, req *request) {
+	method := string(req.method)
+	switch path := string(req.path); path {
+	case "/v1/chat/completions", "/v1/completions":
+		if method != "POST" {
+			c.reply(405, textPlain, []byte("Method Not Allowed\n"), req.close)
+		} else if s.authed(c, req) {
+			s.generate(c, req, path == "/v1/chat/completions")
+		}
+	case "/v1/models", "/health", "/metrics":
+		switch {
+		case method != "GET":
+			c.reply(405, textPlain, []byte("Method Not Allowed\n"), req.close)
+		case path == "/health":
+			c.reply(200, "", nil, req.close) // empty, as vLLM
+		case path == "/metrics":
+			s.metrics(c, req)
+		case s.authed(c, req):
+			c.reply(200, "application/json", s.models, req.close)
+		}
+	default:
+		c.reply(404, textPlain, []byte("404 page not found\n"), req.close)
 	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return true
-	case <-r.Context().Done():
+}
+
+func (s *stub) authed(c *connection, req *request) bool {
+	if s.key != "" && string(req.auth) != "Bearer "+s.key {
+		fail(c, req, 401, "Unauthorized", "AuthenticationError")
 		return false
 	}
+	return true
 }
 
-func (s *stub) authed(next http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if s.key != "" && r.Header.Get("Authorization") != "Bearer "+s.key {
-			fail(w, http.StatusUnauthorized, "Unauthorized", "AuthenticationError")
-			return
-		}
-		next(w, r)
-	}
-}
-
-func (s *stub) metrics(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"+
+func (s *stub) metrics(c *connection, req *request) {
+	c.frame = fmt.Appendf(c.frame[:0], "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"+
 		"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=%q} %d\n"+
 		"# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"+
 		"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=%q} 0\n",
 		s.model, s.running.Load(), s.model)
+	c.reply(200, "text/plain; version=0.0.4; charset=utf-8", c.frame, req.close)
 }
 
-func fail(w http.ResponseWriter, status int, msg, kind string) {
+func fail(c *connection, req *request, status int, msg, kind string) {
 	body, _ := json.Marshal(map[string]any{"object": "error", "message": msg, "type": kind, "param": nil, "code": status})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(body)
+	c.reply(status, "application/json", body, req.close)
 }
 
-func (s *stub) generate(w http.ResponseWriter, r *http.Request, chat bool) {
+func (s *stub) generate(c *connection, r *request, chat bool) {
 	s.running.Add(1)
 	defer s.running.Add(-1)
-	var req request
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err == nil {
-		err = json.Unmarshal(raw, &req)
+	var req completion
+	err := errors.New("http: request body too large") // net/http's words for it
+	if !r.tooLarge {
+		err = json.Unmarshal(r.body, &req)
 	}
 	if err != nil {
-		fail(w, http.StatusBadRequest, "The request body is not valid JSON: "+err.Error(), "BadRequestError")
+		fail(c, r, 400, "The request body is not valid JSON: "+err.Error(), "BadRequestError")
 		return
 	}
 	if req.Model != nil && *req.Model != s.model {
-		fail(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", *req.Model), "NotFoundError")
+		fail(c, r, 404, fmt.Sprintf("The model `%s` does not exist.", *req.Model), "NotFoundError")
 		return
 	}
 	limit := req.MaxTokens
@@ -209,7 +209,7 @@ func (s *stub) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		limit = &sixteen
 	}
 	if limit != nil && *limit < 1 {
-		fail(w, http.StatusBadRequest, "max_tokens must be at least 1", "BadRequestError")
+		fail(c, r, 400, "max_tokens must be at least 1", "BadRequestError")
 		return
 	}
 	n, finish := len(s.tokens), "stop"
@@ -221,10 +221,10 @@ func (s *stub) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	head := s.head(chat, req.Stream, time.Now().Unix())
 	if req.Stream {
 		includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-		s.stream(w, r, chat, head, n, finish, use, includeUsage)
+		s.stream(c, r, chat, head, n, finish, use, includeUsage)
 		return
 	}
-	if !wait(r, s.delay*time.Duration(n)) {
+	if !c.wait(s.delay * time.Duration(n)) {
 		return
 	}
 	body := append(head, `,"choices":[`...)
@@ -238,8 +238,7 @@ func (s *stub) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	body = append(body, `,"logprobs":null,"finish_reason":"`+finish+`","stop_reason":null}],"usage":`...)
 	body = append(use.appendJSON(body), '}')
-	w.Header().Set("Content-Type", "application/json")
-	w.Write(body)
+	c.reply(200, "application/json", body, r.close)
 }
 
 // head opens an answer's JSON object: id, object, created and model, left open for the rest.
@@ -274,7 +273,7 @@ func (u usage) appendJSON(b []byte) []byte {
 // frame when asked for (then every chunk carries "usage": null), and [DONE]. With a token delay,
 // the frames before the first token go at once and each token frame after its delay. “head“
 // is every chunk's opening (`head`).
-func (s *stub) stream(w http.ResponseWriter, r *http.Request, chat bool, head []byte, n int,
+func (s *stub) stream(c *connection, r *request, chat bool, head []byte, n int,
 	finish string, use usage, includeUsage bool) {
 	tail := "}"
 	if includeUsage {
@@ -329,36 +328,35 @@ func (s *stub) stream(w http.ResponseWriter, r *http.Request, chat bool, head []
 		buf.WriteString("}\n\n")
 	}
 	buf.WriteString("data: [DONE]\n\n")
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-cache")
+	c.chunked("text/event-stream; charset=utf-8", "no-cache", r.close)
 	if s.delay == 0 {
-		w.Write(buf.Bytes())
+		c.chunk(buf.Bytes(), true)
+		c.send()
 		return
 	}
-	s.paced(w, r, buf.Bytes(), ends)
+	s.paced(c, buf.Bytes(), ends)
 }
 
-// paced writes body up to ends[0] at once, then each later piece up to ends[i] after the token
-// delay, flushed, and the rest (closing, usage, [DONE]) last; it stops when the client leaves.
-func (s *stub) paced(w http.ResponseWriter, r *http.Request, body []byte, ends []int) {
-	flusher, _ := w.(http.Flusher)
+// paced writes body up to ends[0] at once (after the head), then each later piece up to ends[i]
+// after the token delay, a chunk a write, and the rest (closing, usage, [DONE]) last; it stops
+// when the client leaves.
+func (s *stub) paced(c *connection, body []byte, ends []int) {
 	start := 0
 	for i, end := range ends {
-		if i > 0 && !wait(r, s.delay) {
+		if i > 0 && !c.wait(s.delay) {
 			return
 		}
-		if _, err := w.Write(body[start:end]); err != nil {
+		c.chunk(body[start:end], false)
+		if !c.send() {
 			return
-		}
-		if flusher != nil {
-			flusher.Flush()
 		}
 		start = end
 	}
-	w.Write(body[start:])
+	c.chunk(body[start:], true)
+	c.send()
 }
 
-func promptTokens(req request, chat bool) int {
+func promptTokens(req completion, chat bool) int {
 	count := 0
 	words := func(raw json.RawMessage) {
 		var text string
