@@ -11,6 +11,7 @@ stub demands, and must see the stub healthy. The soak bench paces the stub's tok
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -244,3 +245,176 @@ def test_a_bad_token_delay_refuses_to_start_with_one_line(value: str) -> None:
     assert done.stderr.strip().splitlines() == [
         f'stubgo: FLEET_STUB_TOKEN_DELAY_MS must be milliseconds from 0 to 60000, not "{value}"'
     ]
+
+
+# The stub's own HTTP/1.1 server (e2e/bench/stubgo/server.go), on a raw socket: what net/http's
+# server took care of before, and what the gateway's client and the SDKs rely on.
+
+
+@pytest.fixture(scope="module")
+def bare() -> Iterator[tuple[str, int]]:
+    with _stub({}) as url:
+        host, port = url.removeprefix("http://").split(":")
+        yield host, int(port)
+
+
+class _Answer:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self) -> dict[str, object]:
+        parsed = json.loads(self.body)
+        assert isinstance(parsed, dict)
+        return parsed
+
+
+def _read_answer(stream: io.BufferedReader) -> _Answer:
+    """One HTTP/1.1 answer: its status, headers (names lower-cased) and body (de-chunked)."""
+    status = int(stream.readline().split(b" ")[1])
+    headers: dict[str, str] = {}
+    while (line := stream.readline().rstrip(b"\r\n")) != b"":
+        name, _, value = line.decode().partition(":")
+        headers[name.lower()] = value.strip()
+    if headers.get("transfer-encoding") != "chunked":
+        return _Answer(status, headers, stream.read(int(headers["content-length"])))
+    body = b""
+    while size := int(stream.readline().strip(), 16):
+        body += stream.read(size)
+        assert stream.read(2) == b"\r\n"
+    assert stream.readline() == b"\r\n"
+    return _Answer(status, headers, body)
+
+
+def _post(path: str, body: bytes, *extra: str) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "Host: stub", f"Content-Length: {len(body)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def _completion(prompt: str, max_tokens: int = 2) -> bytes:
+    return json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens}).encode()
+
+
+@contextlib.contextmanager
+def _socket(address: tuple[str, int]) -> Iterator[tuple[socket.socket, io.BufferedReader]]:
+    with socket.create_connection(address, timeout=10) as sock, sock.makefile("rb") as stream:
+        yield sock, stream
+
+
+def _closed(sock: socket.socket, stream: io.BufferedReader) -> bool:
+    """True when the stub closed the connection (nothing more comes, end of stream)."""
+    return stream.read(1) == b""
+
+
+def test_pipelined_requests_are_answered_in_order(bare: tuple[str, int]) -> None:
+    with _socket(bare) as (sock, stream):
+        sock.sendall(
+            _post("/v1/completions", _completion("one two three", 1))
+            + b"GET /health HTTP/1.1\r\nHost: stub\r\n\r\n"
+            + _post("/v1/chat/completions", json.dumps(_body(True)).encode())
+        )
+        first, second, third = (_read_answer(stream) for _ in range(3))
+    assert first.status == 200
+    assert first.json()["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    assert (second.status, second.body) == (200, b"")
+    assert third.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert third.body.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_request_split_across_reads_is_read_whole(bare: tuple[str, int]) -> None:
+    request = _post("/v1/completions", _completion("split in many pieces"))
+    with _socket(bare) as (sock, stream):
+        for piece in (request[:3], request[3:20], request[20:-5], request[-5:]):
+            sock.sendall(piece)
+            time.sleep(0.05)  # each piece its own read on the stub's side
+        answer = _read_answer(stream)
+    assert answer.status == 200
+    assert answer.json()["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+
+
+def test_a_body_larger_than_one_read_is_read_whole(bare: tuple[str, int]) -> None:
+    words = 60_000  # ~300 KB: many times the stub's first read buffer
+    with _socket(bare) as (sock, stream):
+        sock.sendall(_post("/v1/completions", _completion("word " * words)))
+        answer = _read_answer(stream)
+        assert answer.json()["usage"] == {
+            "prompt_tokens": words,
+            "completion_tokens": 2,
+            "total_tokens": words + 2,
+        }
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: stub\r\n\r\n")  # the connection goes on
+        assert _read_answer(stream).status == 200
+
+
+def test_a_chunked_request_body_is_read(bare: tuple[str, int]) -> None:
+    body = _completion("chunked body of six words here")
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:10], body[10:]))
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: stub\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with _socket(bare) as (sock, stream):
+        sock.sendall(head + chunks + b"0\r\n\r\n")
+        answer = _read_answer(stream)
+    assert answer.json()["usage"] == {"prompt_tokens": 6, "completion_tokens": 2, "total_tokens": 8}
+
+
+def test_a_body_over_the_limit_is_refused_and_the_connection_closed(bare: tuple[str, int]) -> None:
+    with _socket(bare) as (sock, stream):
+        sock.sendall(_post("/v1/completions", b"x" * 1_100_000))
+        answer = _read_answer(stream)
+        assert answer.status == 400
+        assert answer.json()["message"] == (
+            "The request body is not valid JSON: http: request body too large"
+        )
+        assert answer.headers["connection"] == "close"
+        assert _closed(sock, stream)
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [b"GARBAGE", b"GET /health", b"GET health HTTP/1.1", b"GET /health HTTP/2.0", b"GET  HTTP/1.1"],
+)
+def test_a_malformed_request_gets_400_and_the_connection_closed(
+    bare: tuple[str, int], request_line: bytes
+) -> None:
+    with _socket(bare) as (sock, stream):
+        sock.sendall(request_line + b"\r\nHost: stub\r\n\r\n")
+        answer = _read_answer(stream)
+        assert (answer.status, answer.headers["connection"]) == (400, "close")
+        assert _closed(sock, stream)
+
+
+@pytest.mark.parametrize("header", [b"Content-Length: ten", b"no colon here"])
+def test_a_malformed_header_gets_400(bare: tuple[str, int], header: bytes) -> None:
+    with _socket(bare) as (sock, stream):
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\n" + header + b"\r\n\r\n")
+        assert _read_answer(stream).status == 400
+        assert _closed(sock, stream)
+
+
+@pytest.mark.parametrize(
+    ("version", "connection"),
+    [("HTTP/1.1", "Connection: close"), ("HTTP/1.0", "Host: stub")],
+)
+def test_the_stub_closes_when_asked_or_on_http_1_0(
+    bare: tuple[str, int], version: str, connection: str
+) -> None:
+    with _socket(bare) as (sock, stream):
+        sock.sendall(f"GET /health {version}\r\n{connection}\r\n\r\n".encode())
+        answer = _read_answer(stream)
+        assert (answer.status, answer.headers["connection"]) == (200, "close")
+        assert _closed(sock, stream)
+
+
+def test_http_1_0_with_keep_alive_stays_open(bare: tuple[str, int]) -> None:
+    with _socket(bare) as (sock, stream):
+        for _ in range(2):
+            sock.sendall(b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            answer = _read_answer(stream)
+            assert answer.status == 200
+            assert "connection" not in answer.headers
+
+
+def test_unknown_paths_and_methods_get_net_http_s_answers(bare: tuple[str, int]) -> None:
+    with _socket(bare) as (sock, stream):
+        sock.sendall(b"GET /nowhere HTTP/1.1\r\n\r\nGET /v1/completions HTTP/1.1\r\n\r\n")
+        missing, wrong_method = _read_answer(stream), _read_answer(stream)
+    assert (missing.status, missing.body) == (404, b"404 page not found\n")
+    assert (wrong_method.status, wrong_method.body) == (405, b"Method Not Allowed\n")

@@ -14,6 +14,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -79,8 +80,8 @@ func (s *stub) serve(listener net.Listener) error {
 }
 
 func (s *stub) connection(raw net.Conn) {
-	defer raw.Close()
 	c := &connection{Conn: raw, buf: make([]byte, readSize)}
+	defer c.close()
 	for !c.gone {
 		req, err := c.next()
 		switch {
@@ -99,6 +100,18 @@ func (s *stub) connection(raw net.Conn) {
 			return
 		}
 	}
+}
+
+// close ends the connection as net/http did after an answer it closes on: the write side first,
+// then what the client still sends (a body not read) is read and dropped for up to half a
+// second, so that the answer is not lost to a reset from unread data.
+func (c *connection) close() {
+	if tcp, ok := c.Conn.(*net.TCPConn); ok && !c.gone {
+		tcp.CloseWrite()
+		c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		io.CopyN(io.Discard, c.Conn, 4*maxBody)
+	}
+	c.Conn.Close()
 }
 
 // next parses the next request from the buffer, reading more until it is whole.
