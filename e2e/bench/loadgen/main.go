@@ -21,11 +21,9 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net"
 	"net/url"
@@ -34,7 +32,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -51,73 +48,6 @@ type target struct {
 	first   bool
 }
 
-// conn is one keep-alive connection; nil until dialled, and again after an error.
-type conn struct {
-	net.Conn
-	r        *bufio.Reader
-	deadline time.Time // the connection's read and write deadline, moved on now and then
-}
-
-// one sends one request on *c (dialling it first when needed); its latency, whether it got a
-// 200, and a transport error if any (after which *c is closed and nil).
-func (t *target) one(c **conn) (time.Duration, bool, error) {
-	start := time.Now()
-	latency, ok, err := t.roundTrip(c, start)
-	if err != nil && *c != nil {
-		(*c).Close()
-		*c = nil
-	}
-	return latency, ok, err
-}
-
-func (t *target) roundTrip(c **conn, start time.Time) (time.Duration, bool, error) {
-	if *c == nil {
-		raw, err := net.DialTimeout("tcp", t.address, 10*time.Second)
-		if err != nil {
-			return 0, false, err
-		}
-		*c = &conn{Conn: raw, r: bufio.NewReaderSize(raw, 64<<10)}
-	}
-	cn := *c
-	if err := cn.extend(start); err != nil {
-		return 0, false, err
-	}
-	if _, err := cn.Write(t.request); err != nil {
-		return 0, false, err
-	}
-	h, err := readHead(cn.r)
-	if err != nil {
-		return 0, false, err
-	}
-	b := body{r: cn.r, watch: t.first}
-	if err := b.read(h); err != nil {
-		return 0, false, err
-	}
-	latency := time.Since(start)
-	if t.first {
-		if b.frameAt.IsZero() {
-			return 0, false, errors.New("the stream ended before its first frame")
-		}
-		latency = b.frameAt.Sub(start)
-	}
-	if h.closing {
-		cn.Close()
-		*c = nil
-	}
-	return latency, h.status == 200, nil
-}
-
-// extend keeps the deadline at least requestTimeout/2 ahead of a request starting at start, so
-// a request is bounded by 60 to 120 s. Moving it on every request, as before, took a lock and a
-// runtime timer update per request, for a timer that never fires.
-func (cn *conn) extend(start time.Time) error {
-	if cn.deadline.Sub(start) >= requestTimeout/2 {
-		return nil
-	}
-	cn.deadline = start.Add(requestTimeout)
-	return cn.SetDeadline(cn.deadline)
-}
-
 // head is what the generator needs of a response's status line and headers.
 type head struct {
 	status  int
@@ -126,37 +56,111 @@ type head struct {
 	closing bool // Connection: close, or a body that runs to the end of the connection
 }
 
-func readHead(r *bufio.Reader) (head, error) {
-	line, err := r.ReadSlice('\n')
-	if err != nil {
-		return head{}, err
+// errIncomplete: the bytes so far hold only part of an answer.
+var errIncomplete = errors.New("incomplete answer")
+
+// answer is one whole response read from the front of a connection's bytes.
+type answer struct {
+	head
+	used int // its bytes, head and body
+}
+
+// parseAnswer reads a response from data (what the connection has received since the last
+// one): the answer when whole, errIncomplete when not yet; eof says the server closed after data.
+// With scan, it also reports whether the body so far holds the end of an SSE frame (two
+// newlines in a row).
+func parseAnswer(data []byte, eof bool, scan *frameScan) (answer, error) {
+	line, rest, ok := cutLine(data)
+	if !ok {
+		return answer{}, errIncomplete
 	}
 	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) {
-		return head{}, fmt.Errorf("not an HTTP/1.x status line: %q", line)
+		return answer{}, fmt.Errorf("not an HTTP/1.x status line: %q", line)
 	}
 	status, err := strconv.Atoi(string(line[9:12]))
 	if err != nil {
-		return head{}, fmt.Errorf("bad status line %q", line)
+		return answer{}, fmt.Errorf("bad status line %q", line)
 	}
 	// HTTP/1.0 closes after each answer unless it says keep-alive; 1.1 keeps it unless "close".
 	h := head{status: status, length: -1, closing: line[7] == '0'}
 	for {
-		line, err = r.ReadSlice('\n')
-		if err != nil {
-			return head{}, err
+		line, rest, ok = cutLine(rest)
+		if !ok {
+			return answer{}, errIncomplete
 		}
-		line = bytes.TrimRight(line, "\r\n")
 		if len(line) == 0 {
 			break
 		}
 		if err := h.header(line); err != nil {
-			return head{}, err
+			return answer{}, err
 		}
 	}
-	if h.length < 0 && !h.chunked && h.status >= 200 && h.status != 204 && h.status != 304 {
-		h.closing = true // the body is whatever comes until the server closes
+	at := len(data) - len(rest)
+	switch {
+	case h.status < 200 || h.status == 204 || h.status == 304:
+		return answer{h, at}, nil
+	case h.chunked:
+		return chunks(h, data, at, scan)
+	case h.length >= 0:
+		end := at + int(min(h.length, int64(len(data)-at)))
+		scan.look(data[at:end])
+		if int64(len(data)-at) < h.length {
+			return answer{}, errIncomplete
+		}
+		return answer{h, end}, nil
 	}
-	return h, nil
+	h.closing = true // the body is whatever comes until the server closes
+	scan.look(data[at:])
+	if !eof {
+		return answer{}, errIncomplete
+	}
+	return answer{h, len(data)}, nil
+}
+
+func chunks(h head, data []byte, at int, scan *frameScan) (answer, error) {
+	for {
+		line, rest, ok := cutLine(data[at:])
+		if !ok {
+			return answer{}, errIncomplete
+		}
+		digits, _, _ := bytes.Cut(line, []byte(";"))
+		size, err := strconv.ParseInt(string(bytes.TrimSpace(digits)), 16, 64)
+		if err != nil || size < 0 {
+			return answer{}, fmt.Errorf("bad chunk size line %q", line)
+		}
+		at = len(data) - len(rest)
+		if size == 0 {
+			return trailers(h, data, at)
+		}
+		end := at + int(min(size, int64(len(data)-at)))
+		scan.look(data[at:end])
+		if int64(len(data)-at) < size+2 {
+			return answer{}, errIncomplete
+		}
+		at += int(size) + 2 // the chunk's data and its CRLF
+	}
+}
+
+func trailers(h head, data []byte, at int) (answer, error) {
+	for {
+		line, rest, ok := cutLine(data[at:])
+		if !ok {
+			return answer{}, errIncomplete
+		}
+		at = len(data) - len(rest)
+		if len(line) == 0 {
+			return answer{h, at}, nil
+		}
+	}
+}
+
+// cutLine splits off the first line (without its CRLF); false when there is no whole line.
+func cutLine(data []byte) ([]byte, []byte, bool) {
+	i := bytes.IndexByte(data, '\n')
+	if i < 0 {
+		return nil, data, false
+	}
+	return bytes.TrimRight(data[:i], "\r"), data[i+1:], true
 }
 
 func (h *head) header(line []byte) error {
@@ -182,131 +186,29 @@ func (h *head) header(line []byte) error {
 	return nil
 }
 
-// body reads a response body and drops it; with watch, it notes when the first SSE frame
-// ended (its first blank line: two newlines in a row).
-type body struct {
-	r        *bufio.Reader
-	watch    bool
+// frameScan looks through a body's bytes, in order, for the end of its first SSE frame (its
+// first blank line: two newlines in a row). nil: not looking.
+type frameScan struct {
 	previous byte
-	frameAt  time.Time
+	found    bool
 }
 
-func (b *body) read(h head) error {
-	switch {
-	case h.status < 200 || h.status == 204 || h.status == 304:
-		return nil
-	case h.chunked:
-		return b.chunks()
-	case h.length >= 0:
-		return b.take(h.length)
+func (f *frameScan) look(data []byte) {
+	if f == nil || f.found {
+		return
 	}
-	if err := b.take(math.MaxInt64); !errors.Is(err, io.EOF) { // until the server closes
-		return err
+	for _, c := range data {
+		if c == '\n' && f.previous == '\n' {
+			f.found = true
+			return
+		}
+		f.previous = c
 	}
-	return nil
-}
-
-func (b *body) chunks() error {
-	for {
-		line, err := b.r.ReadSlice('\n')
-		if err != nil {
-			return err
-		}
-		digits, _, _ := bytes.Cut(bytes.TrimRight(line, "\r\n"), []byte(";"))
-		size, err := strconv.ParseInt(string(bytes.TrimSpace(digits)), 16, 64)
-		if err != nil || size < 0 {
-			return fmt.Errorf("bad chunk size line %q", line)
-		}
-		if size == 0 {
-			return b.trailers()
-		}
-		if err := b.take(size); err != nil {
-			return err
-		}
-		if _, err := b.r.Discard(2); err != nil { // the CRLF after the chunk's data
-			return err
-		}
-	}
-}
-
-func (b *body) trailers() error {
-	for {
-		line, err := b.r.ReadSlice('\n')
-		if err != nil {
-			return err
-		}
-		if len(bytes.TrimRight(line, "\r\n")) == 0 {
-			return nil
-		}
-	}
-}
-
-// take drops n bytes of body, looking for the first frame's end in them while watching.
-func (b *body) take(n int64) error {
-	for n > 0 && b.watch && b.frameAt.IsZero() {
-		if b.r.Buffered() == 0 {
-			if _, err := b.r.Peek(1); err != nil {
-				return err
-			}
-		}
-		k := int(min(n, int64(b.r.Buffered())))
-		data, _ := b.r.Peek(k)
-		for _, c := range data {
-			if c == '\n' && b.previous == '\n' {
-				b.frameAt = time.Now()
-				break
-			}
-			b.previous = c
-		}
-		b.r.Discard(k)
-		n -= int64(k)
-	}
-	for n > 0 {
-		k := int(min(n, math.MaxInt32))
-		if _, err := b.r.Discard(k); err != nil {
-			return err
-		}
-		n -= int64(k)
-	}
-	return nil
 }
 
 type tally struct {
 	latencies []time.Duration
 	errors    int
-}
-
-// worker loops until the deadline, one request after another on its connection.
-func (t *target) worker(c **conn, until time.Time, out *tally) {
-	for time.Now().Before(until) {
-		latency, ok, err := t.one(c)
-		switch {
-		case err != nil:
-			out.errors++
-			time.Sleep(10 * time.Millisecond) // a refused connection must not spin a core
-		case !ok:
-			out.errors++
-		default:
-			out.latencies = append(out.latencies, latency)
-		}
-	}
-}
-
-// phase runs one worker per connection in conns (kept open across phases) for seconds.
-func (t *target) phase(conns []*conn, seconds float64) ([]tally, time.Duration) {
-	tallies := make([]tally, len(conns))
-	start := time.Now()
-	until := start.Add(time.Duration(seconds * float64(time.Second)))
-	var wg sync.WaitGroup
-	for i := range tallies {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			t.worker(&conns[i], until, &tallies[i])
-		}(i)
-	}
-	wg.Wait()
-	return tallies, time.Since(start)
 }
 
 func percentile(ordered []time.Duration, q float64) float64 {
@@ -410,8 +312,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "loadgen:", err)
 		os.Exit(2)
 	}
-	conns := make([]*conn, concurrency)
-	t.phase(conns, math.Min(1.0, seconds/4)) // warm-up: connections opened, not counted
-	tallies, elapsed := t.phase(conns, seconds)
+	l, err := newLoop(t, concurrency)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(2)
+	}
+	l.phase(math.Min(1.0, seconds/4)) // warm-up: connections opened, not counted
+	tallies, elapsed := l.phase(seconds)
 	fmt.Println(summarize(tallies, elapsed).line())
 }
