@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -97,10 +96,7 @@ func main() {
 		"id": model, "object": "model", "created": time.Now().Unix(), "owned_by": "vllm",
 		"root": model, "parent": nil, "max_model_len": 4096,
 	}}})
-	listener, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-	if err == nil {
-		err = s.serve(listener)
-	}
+	err = s.serve(port)
 	fmt.Fprintln(os.Stderr, "stubgo:", err)
 	os.Exit(1)
 }
@@ -186,7 +182,7 @@ func fail(c *connection, req *request, status int, msg, kind string) {
 
 func (s *stub) generate(c *connection, r *request, chat bool) {
 	s.running.Add(1)
-	defer s.running.Add(-1)
+	c.running++ // until its answer ends (server.go)
 	var req completion
 	err := errors.New("http: request body too large") // net/http's words for it
 	if !r.tooLarge {
@@ -224,9 +220,7 @@ func (s *stub) generate(c *connection, r *request, chat bool) {
 		s.stream(c, r, chat, head, n, finish, use, includeUsage)
 		return
 	}
-	if !c.wait(s.delay * time.Duration(n)) {
-		return
-	}
+	c.pause(s.delay * time.Duration(n))
 	body := append(head, `,"choices":[`...)
 	if chat {
 		body = append(body, `{"index":0,"message":{"role":"assistant","content":`...)
@@ -331,29 +325,24 @@ func (s *stub) stream(c *connection, r *request, chat bool, head []byte, n int,
 	c.chunked("text/event-stream; charset=utf-8", "no-cache", r.close)
 	if s.delay == 0 {
 		c.chunk(buf.Bytes(), true)
-		c.send()
 		return
 	}
 	s.paced(c, buf.Bytes(), ends)
 }
 
-// paced writes body up to ends[0] at once (after the head), then each later piece up to ends[i]
-// after the token delay, a chunk a write, and the rest (closing, usage, [DONE]) last; it stops
-// when the client leaves.
+// paced adds body up to ends[0] at once (after the head), then each later piece up to ends[i]
+// held for the token delay after the one before, a chunk each, and the rest (closing, usage,
+// [DONE]) with the last; the server writes each when due and drops them if the client leaves.
 func (s *stub) paced(c *connection, body []byte, ends []int) {
 	start := 0
 	for i, end := range ends {
-		if i > 0 && !c.wait(s.delay) {
-			return
+		if i > 0 {
+			c.pause(s.delay)
 		}
 		c.chunk(body[start:end], false)
-		if !c.send() {
-			return
-		}
 		start = end
 	}
 	c.chunk(body[start:], true)
-	c.send()
 }
 
 func promptTokens(req completion, chat bool) int {

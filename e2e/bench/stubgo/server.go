@@ -1,41 +1,48 @@
 package main
 
-// A minimal HTTP/1.1 server, in place of net/http's: one goroutine per connection reads into a
-// buffer it keeps and answers each request with one write. net/http's server spends, per request,
-// a goroutine hand-off, header maps, a Request, a ResponseWriter and a chunked writer; on 2 cores
-// shared with the gateway under test that was a third of the stub's CPU (ADR 0002, session 9).
+// A minimal HTTP/1.1 server, in place of net/http's, driven by one epoll(7) loop in one
+// goroutine. net/http's server spends, per request, a goroutine hand-off, header maps, a Request,
+// a ResponseWriter and a chunked writer; and any server on Go's network poller is woken from idle
+// by every request behind a gateway (a few thousand a second, each on its own): the poller's
+// thread, the connection's goroutine, and the runtime's monitor thread (sysmon), which parks
+// whenever every P is idle and is woken by the next system call. Here the loop waits in
+// epoll_pwait as a raw system call (its P never looks idle, sysmon checks every 10 ms), reads
+// into a buffer each connection keeps, and answers a request with one write (ADR 0002,
+// session 9; the load generator does the same).
 //
-// It takes what the gateway, the SDKs and the benches send: keep-alive and pipelined requests,
-// HTTP/1.0 (closed after each answer unless it asks for keep-alive), `Connection: close`, bodies
-// by Content-Length or chunked (at most maxBody; a larger one is answered and the connection
-// closed). A request it cannot read gets 400 (431 for a head over maxHead) and the connection
-// closed, as net/http did.
+// It takes what the gateway, the SDKs and the benches send: keep-alive and pipelined requests
+// (answered in order), HTTP/1.0 (closed after each answer unless it asks for keep-alive),
+// `Connection: close`, bodies by Content-Length or chunked (at most maxBody; a larger one is
+// answered and the connection closed). A request it cannot read gets 400 (431 for a head over
+// maxHead) and the connection closed, as net/http did. Answers held by the token delay are
+// scheduled (pause): the loop writes each piece when it is due, and a client that leaves (end
+// of stream or reset on its connection) ends them.
 
 import (
 	"bytes"
 	"errors"
-	"io"
 	"net"
-	"os"
 	"strconv"
+	"syscall"
 	"time"
+	"unsafe"
 )
 
 const (
 	maxHead    = 64 << 10
 	readSize   = 16 << 10 // the buffer a connection starts with
 	timeFormat = "Mon, 02 Jan 2006 15:04:05 GMT"
+	linger     = 500 * time.Millisecond
 )
 
 var (
 	errIncomplete = errors.New("incomplete request")
 	errMalformed  = errors.New("malformed request")
 	errHeadTooBig = errors.New("request head too large")
-	aLongTimeAgo  = time.Unix(1, 0)
 )
 
 // request is what the stub reads of one HTTP request. Its slices point into the connection's
-// buffer: valid until the next request is read.
+// buffer: valid while it is being answered.
 type request struct {
 	method, path []byte
 	auth         []byte // the Authorization header's value
@@ -44,113 +51,307 @@ type request struct {
 	close        bool // the connection ends after this answer
 }
 
-// connection is one client's: its read buffer (unread bytes buf[start:end]), the answer being
-// written and, while a paced answer waits, the read that notices the client leaving.
+// connection is one client's: its read buffer (unread bytes buf[start:end]) and its answers,
+// out[:sent] written, out[sent:ready] to write now, out[ready:] held until its pauses pass.
 type connection struct {
-	net.Conn
+	fd         int
 	buf        []byte
 	start, end int
-	out, frame []byte // reused for every answer
+	need       int // bytes the next request takes at least, when known
+	out, frame []byte
+	sent       int
+	ready      int
+	pauses     []pause
+	due        time.Time // when out[ready:] starts to be released
+	running    int       // requests counted in the stub's running gauge until their answer ends
+	eof        bool      // the client sent its last byte
+	closing    bool      // close once out is written
+	blocked    bool      // the socket took only part of out: waiting for EPOLLOUT
+	draining   time.Time // closing: the write side is shut; input dropped until then
 	dateSecond int64
 	date       []byte
-	watching   bool
-	watched    chan readResult
-	spare      []byte // the watching read's buffer
-	gone       bool   // the client left or the connection failed: no more answers
 }
 
-type readResult struct {
-	n   int
-	err error
+// pause holds the bytes of out from at on for wait after those before them were released.
+type pause struct {
+	at   int
+	wait time.Duration
 }
 
-func (s *stub) serve(listener net.Listener) error {
+type server struct {
+	s     *stub
+	epfd  int
+	lfd   int
+	conns []*connection // by file descriptor
+	timed map[*connection]struct{}
+}
+
+func (s *stub) serve(port int) error {
+	lfd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	sv := &server{s: s, lfd: lfd, timed: map[*connection]struct{}{}}
+	for _, step := range []func() error{
+		func() error { return syscall.SetsockoptInt(lfd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) },
+		func() error {
+			return syscall.Bind(lfd, &syscall.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}})
+		},
+		func() error { return syscall.Listen(lfd, 1024) },
+		func() (err error) { sv.epfd, err = syscall.EpollCreate1(syscall.EPOLL_CLOEXEC); return err },
+		func() error { return sv.watch(lfd, syscall.EPOLLIN, syscall.EPOLL_CTL_ADD) },
+	} {
+		if err := step(); err != nil {
+			return &net.OpError{Op: "listen", Net: "tcp", Err: err}
+		}
+	}
+	events := make([]syscall.EpollEvent, 128)
 	for {
-		raw, err := listener.Accept()
-		if err != nil {
-			var transient interface{ Temporary() bool }
-			if errors.As(err, &transient) && transient.Temporary() {
-				time.Sleep(5 * time.Millisecond)
-				continue
+		n, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(sv.epfd),
+			uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(sv.timeout()), 0, 0)
+		if errno != 0 && errno != syscall.EINTR { // EINTR: a signal, the runtime's preemption among them
+			return errno
+		}
+		if errno == 0 {
+			for _, event := range events[:n] {
+				sv.event(int(event.Fd), event.Events)
 			}
-			return err
 		}
-		go s.connection(raw)
+		sv.timers(time.Now())
 	}
 }
 
-func (s *stub) connection(raw net.Conn) {
-	c := &connection{Conn: raw, buf: make([]byte, readSize)}
-	defer c.close()
-	for !c.gone {
-		req, err := c.next()
-		switch {
-		case errors.Is(err, errMalformed):
-			c.reply(400, textPlain, []byte("400 Bad Request"), true)
-			return
-		case errors.Is(err, errHeadTooBig):
-			c.reply(431, textPlain, []byte("431 Request Header Fields Too Large"), true)
-			return
-		case err != nil:
-			return
-		}
-		s.route(c, &req)
-		c.stopWatching()
-		if req.close {
-			return
-		}
+func (sv *server) watch(fd int, events uint32, op int) error {
+	event := syscall.EpollEvent{Events: events, Fd: int32(fd)}
+	return syscall.EpollCtl(sv.epfd, op, fd, &event)
+}
+
+// timeout is how long epoll may wait: until the next held answer or lingering close is due.
+func (sv *server) timeout() int {
+	if len(sv.timed) == 0 {
+		return -1
+	}
+	next := time.Duration(1 << 62)
+	now := time.Now()
+	for c := range sv.timed {
+		next = min(next, c.wakeAt().Sub(now))
+	}
+	return int(max(0, (next+time.Millisecond-1)/time.Millisecond))
+}
+
+func (c *connection) wakeAt() time.Time {
+	if !c.draining.IsZero() {
+		return c.draining
+	}
+	return c.due
+}
+
+func (sv *server) event(fd int, events uint32) {
+	if fd == sv.lfd {
+		sv.accept()
+		return
+	}
+	if fd >= len(sv.conns) || sv.conns[fd] == nil {
+		return
+	}
+	c := sv.conns[fd]
+	if events&syscall.EPOLLOUT != 0 {
+		sv.flush(c)
+	}
+	if events&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 && sv.conns[fd] == c {
+		sv.readable(c)
 	}
 }
 
-// close ends the connection as net/http did after an answer it closes on: the write side first,
-// then what the client still sends (a body not read) is read and dropped for up to half a
-// second, so that the answer is not lost to a reset from unread data.
-func (c *connection) close() {
-	if tcp, ok := c.Conn.(*net.TCPConn); ok && !c.gone {
-		tcp.CloseWrite()
-		c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-		io.CopyN(io.Discard, c.Conn, 4*maxBody)
+func (sv *server) accept() {
+	for {
+		fd, _, err := syscall.Accept4(sv.lfd, syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
+		if err != nil {
+			return // EAGAIN: none left; anything else: the next event tries again
+		}
+		syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
+		if err := sv.watch(fd, syscall.EPOLLIN|syscall.EPOLLRDHUP, syscall.EPOLL_CTL_ADD); err != nil {
+			syscall.Close(fd)
+			continue
+		}
+		for fd >= len(sv.conns) {
+			sv.conns = append(sv.conns, nil)
+		}
+		sv.conns[fd] = &connection{fd: fd, buf: make([]byte, readSize)}
 	}
-	c.Conn.Close()
 }
 
-// next parses the next request from the buffer, reading more until it is whole.
-func (c *connection) next() (request, error) {
+// readable reads what the client sent, then answers every whole request it holds.
+func (sv *server) readable(c *connection) {
 	if c.start == c.end {
 		c.start, c.end = 0, 0
 	}
-	for {
+	c.room()
+	n, err := syscall.Read(c.fd, c.buf[c.end:])
+	switch {
+	case errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EINTR):
+		return
+	case err != nil || n == 0:
+		c.eof = true
+		if err != nil || c.pending() || !c.draining.IsZero() {
+			sv.drop(c) // reset, or gone while its answer was held, or lingering done
+			return
+		}
+	default:
+		if !c.draining.IsZero() {
+			c.start, c.end = 0, 0 // dropped: nothing more is answered
+			return
+		}
+		c.end += n
+	}
+	sv.answer(c)
+}
+
+// room makes space to read into: the unread bytes moved to the front, the buffer grown to hold
+// the next request when its size is known.
+func (c *connection) room() {
+	if c.start > 0 && (c.end == len(c.buf) || c.need > len(c.buf)-c.start) {
+		c.end = copy(c.buf, c.buf[c.start:c.end])
+		c.start = 0
+	}
+	if c.need > len(c.buf) || c.end == len(c.buf) {
+		grown := make([]byte, max(c.need, 2*len(c.buf)))
+		copy(grown, c.buf[:c.end])
+		c.buf = grown
+	}
+}
+
+// answer answers the whole requests read, in order, while no answer is held.
+func (sv *server) answer(c *connection) {
+	for !c.pending() && !c.closing {
 		req, used, need, err := parse(c.buf[c.start:c.end])
-		if err == nil {
+		switch {
+		case errors.Is(err, errIncomplete):
+			c.need = need
+			if c.eof {
+				c.closing = true
+			}
+		case errors.Is(err, errMalformed):
+			c.reply(400, textPlain, []byte("400 Bad Request"), true)
+		case errors.Is(err, errHeadTooBig):
+			c.reply(431, textPlain, []byte("431 Request Header Fields Too Large"), true)
+		default:
 			c.start += used
-			return req, nil
+			c.need = 0
+			sv.s.route(c, &req)
+			c.closing = c.closing || req.close
+			if c.pending() {
+				sv.timed[c] = struct{}{}
+			} else {
+				sv.s.running.Add(int64(-c.running))
+				c.running = 0
+			}
+			continue
 		}
-		if !errors.Is(err, errIncomplete) {
-			return req, err
+		break
+	}
+	sv.flush(c)
+}
+
+// pending: part of an answer is held by a pause.
+func (c *connection) pending() bool { return c.ready < len(c.out) }
+
+// timers releases held answers that are due and ends lingering closes that are over.
+func (sv *server) timers(now time.Time) {
+	for c := range sv.timed {
+		if now.Before(c.wakeAt()) {
+			continue
 		}
-		if err := c.fill(need); err != nil {
-			return request{}, err
+		if !c.draining.IsZero() {
+			sv.drop(c)
+			continue
+		}
+		c.release()
+		if !c.pending() {
+			delete(sv.timed, c)
+			sv.s.running.Add(int64(-c.running))
+			c.running = 0
+		}
+		sv.flush(c)
+		if !c.pending() && sv.conns[c.fd] == c {
+			sv.answer(c) // requests that came while the answer was held
 		}
 	}
 }
 
-// fill reads at least one more byte, making room for need unread bytes first.
-func (c *connection) fill(need int) error {
-	if c.start > 0 {
-		c.end = copy(c.buf, c.buf[c.start:c.end])
-		c.start = 0
+// release lets out the bytes the first pause held; the next pause, if any, counts from now.
+func (c *connection) release() {
+	c.pauses = c.pauses[1:]
+	if len(c.pauses) > 0 {
+		c.due = c.due.Add(c.pauses[0].wait)
 	}
-	if need > len(c.buf) || c.end == len(c.buf) {
-		grown := make([]byte, max(need, 2*len(c.buf)))
-		copy(grown, c.buf[:c.end])
-		c.buf = grown
+	c.done()
+}
+
+// pause holds what is appended to the answer from now on for d after what came before.
+func (c *connection) pause(d time.Duration) {
+	if d <= 0 {
+		return
 	}
-	n, err := c.Read(c.buf[c.end:])
-	c.end += n
-	if n > 0 {
-		return nil
+	if len(c.pauses) == 0 {
+		c.due = time.Now().Add(d)
 	}
-	return err
+	c.pauses = append(c.pauses, pause{at: len(c.out), wait: d})
+}
+
+// flush writes what is ready; what the socket does not take waits for EPOLLOUT.
+func (sv *server) flush(c *connection) {
+	for c.sent < c.ready {
+		n, err := syscall.Write(c.fd, c.out[c.sent:c.ready])
+		if errors.Is(err, syscall.EAGAIN) {
+			if !c.blocked {
+				c.blocked = true
+				sv.watch(c.fd, syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLOUT, syscall.EPOLL_CTL_MOD)
+			}
+			return
+		}
+		if err != nil {
+			sv.drop(c)
+			return
+		}
+		c.sent += n
+	}
+	if c.blocked {
+		c.blocked = false
+		sv.watch(c.fd, syscall.EPOLLIN|syscall.EPOLLRDHUP, syscall.EPOLL_CTL_MOD)
+	}
+	if !c.pending() {
+		c.out, c.sent, c.ready = c.out[:0], 0, 0
+		if c.closing && c.draining.IsZero() {
+			sv.linger(c)
+		}
+	}
+}
+
+// linger closes as net/http did after an answer it closes on: the write side first, then what
+// the client still sends (a body not read) is dropped for up to half a second, so that the
+// answer is not lost to a reset from unread data.
+func (sv *server) linger(c *connection) {
+	if c.eof {
+		sv.drop(c)
+		return
+	}
+	syscall.Shutdown(c.fd, syscall.SHUT_WR)
+	sv.watch(c.fd, syscall.EPOLLIN|syscall.EPOLLRDHUP, syscall.EPOLL_CTL_MOD)
+	c.draining = time.Now().Add(linger)
+	sv.timed[c] = struct{}{}
+}
+
+// drop closes the connection; an answer it held ends there (the client left).
+func (sv *server) drop(c *connection) {
+	if sv.conns[c.fd] != c {
+		return
+	}
+	sv.s.running.Add(int64(-c.running))
+	c.running = 0
+	delete(sv.timed, c)
+	sv.conns[c.fd] = nil
+	syscall.Close(c.fd) // also out of the epoll set
 }
 
 // parse reads one request from data: the request, the bytes it took, and when data holds only
@@ -324,7 +525,7 @@ func (c *connection) head(status int, contentType string, closing bool) {
 	if second := now.Unix(); second != c.dateSecond || c.date == nil {
 		c.dateSecond, c.date = second, now.UTC().AppendFormat(c.date[:0], timeFormat)
 	}
-	b := append(c.out[:0], "HTTP/1.1 "...)
+	b := append(c.out, "HTTP/1.1 "...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, ' ')
 	b = append(b, statusText[status]...)
@@ -340,17 +541,26 @@ func (c *connection) head(status int, contentType string, closing bool) {
 	c.out = append(b, "\r\n"...)
 }
 
-// reply writes a whole answer with its Content-Length, in one write.
+// reply adds a whole answer with its Content-Length; closing ends the connection after it.
 func (c *connection) reply(status int, contentType string, body []byte, closing bool) {
 	c.head(status, contentType, closing)
 	c.out = append(c.out, "Content-Length: "...)
 	c.out = strconv.AppendInt(c.out, int64(len(body)), 10)
 	c.out = append(c.out, "\r\n\r\n"...)
 	c.out = append(c.out, body...)
-	c.send()
+	c.closing = c.closing || closing
+	c.done()
 }
 
-// chunked starts an answer sent in chunks (its head, not yet written).
+// done marks what was added so far ready to write, up to the first pause.
+func (c *connection) done() {
+	c.ready = len(c.out)
+	if len(c.pauses) > 0 {
+		c.ready = c.pauses[0].at
+	}
+}
+
+// chunked starts an answer sent in chunks.
 func (c *connection) chunked(contentType, cache string, closing bool) {
 	c.head(200, contentType, closing)
 	c.out = append(c.out, "Cache-Control: "...)
@@ -358,7 +568,7 @@ func (c *connection) chunked(contentType, cache string, closing bool) {
 	c.out = append(c.out, "\r\nTransfer-Encoding: chunked\r\n\r\n"...)
 }
 
-// chunk adds one chunk to what c.out holds; last adds the closing empty chunk too.
+// chunk adds one chunk; last adds the closing empty chunk too.
 func (c *connection) chunk(data []byte, last bool) {
 	if len(data) > 0 {
 		c.out = strconv.AppendInt(c.out, int64(len(data)), 16)
@@ -369,82 +579,5 @@ func (c *connection) chunk(data []byte, last bool) {
 	if last {
 		c.out = append(c.out, "0\r\n\r\n"...)
 	}
-}
-
-// send writes c.out; a failed write ends the connection.
-func (c *connection) send() bool {
-	if c.gone {
-		return false
-	}
-	if _, err := c.Write(c.out); err != nil {
-		c.gone = true
-	}
-	c.out = c.out[:0]
-	return !c.gone
-}
-
-// wait sleeps d, or less when the client leaves; false when it has. While it waits, a read
-// watches the connection (as net/http's background read did): its end (EOF, a reset) is the
-// client leaving; bytes it reads (a pipelined request) are kept for the next request. The
-// request being answered must not be read after its first wait (its bytes may move).
-func (c *connection) wait(d time.Duration) bool {
-	if c.gone {
-		return false
-	}
-	if d <= 0 {
-		return true
-	}
-	if !c.watching {
-		c.watch()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	for {
-		select {
-		case <-timer.C:
-			return true
-		case got := <-c.watched:
-			c.watching = false
-			if !c.keep(got) {
-				return false
-			}
-			c.watch()
-		}
-	}
-}
-
-func (c *connection) watch() {
-	if c.watched == nil {
-		c.watched, c.spare = make(chan readResult, 1), make([]byte, 4096)
-	}
-	c.watching = true
-	go func() {
-		n, err := c.Read(c.spare)
-		c.watched <- readResult{n, err}
-	}()
-}
-
-// keep saves what the watching read got; false when the connection ended.
-func (c *connection) keep(got readResult) bool {
-	if got.n > 0 {
-		c.buf = append(c.buf[:c.end], c.spare[:got.n]...)
-		c.end = len(c.buf)
-		c.buf = c.buf[:cap(c.buf)]
-	}
-	if got.err != nil && !errors.Is(got.err, os.ErrDeadlineExceeded) {
-		c.gone = true
-	}
-	return !c.gone
-}
-
-// stopWatching ends the watching read, if any, once an answer is written.
-func (c *connection) stopWatching() {
-	if !c.watching {
-		return
-	}
-	c.SetReadDeadline(aLongTimeAgo)
-	got := <-c.watched
-	c.watching = false
-	c.SetReadDeadline(time.Time{})
-	c.keep(got)
+	c.done()
 }
