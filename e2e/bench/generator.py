@@ -26,7 +26,7 @@ __all__ = ["PREAMBLE", "Cell", "binary", "command", "describe", "run", "run_with
 Cell = dict[str, float]
 PREAMBLE = (
     "- The load generator is a Go program (`e2e/bench/loadgen`: its own minimal HTTP/1.1",
-    "  client, one goroutine per connection, one core), built once into",
+    "  client, every connection on one epoll loop, one core), built once into",
     "  `~/.cache/fleet/loadgen-<hash of its source>/`; without `go` the Python one",
     "  (`e2e/bench/load.py`, aiohttp) runs instead. Each section names the one it ran. Against",
     "  the Go stub (`python -m bench.generator URL`, 2026-12-01, load average 5-9) the Go one",
@@ -57,7 +57,7 @@ def describe() -> str:
     """One sentence for a report: which generator ran, and why when it is the Python one."""
     found = binary()
     if isinstance(found, Path):
-        return "Load generator: Go (`e2e/bench/loadgen`, its own HTTP/1.1 client, one core)."
+        return "Load generator: Go (`e2e/bench/loadgen`, its own HTTP/1.1 client, one epoll loop)."
     return f"Load generator: Python (`e2e/bench/load.py`, aiohttp), because {found}."
 
 

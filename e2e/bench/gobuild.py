@@ -3,7 +3,8 @@
 ``binary(source)`` returns ``$XDG_CACHE_HOME/fleet/<name>-<hash of the source>/<name>`` (``name`` is
 the source folder's), built with ``go build`` when missing, or a sentence saying why there is no
 binary (``go`` not on PATH, the build failed). Used for the load generator (``loadgen``) and the
-stub engine (``stubgo``); both are standard library only.
+stub engine (``stubgo``); both are standard library only, and Linux only (each runs one epoll
+loop): elsewhere the build fails and the benches run the Python generator and stub, saying why.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ __all__ = ["PREAMBLE", "command", "describe"]
 
 SOURCE = Path(__file__).resolve().parent / "stubgo"
 PREAMBLE = (
-    "- The engine behind every row is a Go stub (`e2e/bench/stubgo`, its own HTTP/1.1 server,",
-    "  one P; vLLM's wire, the Python stub's canned reply, answers appended from bytes quoted once),",
+    "- The engine behind every row is a Go stub (`e2e/bench/stubgo`, its own HTTP/1.1 server",
+    "  on one epoll loop; vLLM's wire, the Python stub's canned reply, answers made from bytes",
+    "  quoted once),",
     "  built like the load generator; without `go` (or with `FLEET_BENCH_STUB=python`) the",
     "  Python stub (`fleet_core.stub_engine`) runs. Each section names the one it ran (one that",
     "  names none ran the Python stub). CPU per request of each stub alone under the Go",
@@ -59,7 +60,7 @@ def describe() -> str:
     """One sentence for a report: which stub engine ran, and why when it is the Python one."""
     found = binary()
     if isinstance(found, Path):
-        return "Stub engine: Go (`e2e/bench/stubgo`, its own HTTP/1.1 server)."
+        return "Stub engine: Go (`e2e/bench/stubgo`, its own HTTP/1.1 server on one epoll loop)."
     return f"Stub engine: Python (`fleet_core.stub_engine`), because {found}."
 
 

@@ -7,9 +7,10 @@
 // either: that one hands every request between three goroutines (the caller, a read loop and a
 // write loop per connection) and builds a Request, a Response and header maps for each, and on
 // 2 cores shared with the server under test that cost more than a third of what a gateway worker
-// spends per request (ADR 0002, session 8). Here each connection is one goroutine that writes the
-// same prepared request bytes and reads the answer in place: the status line, the headers it
-// needs (Content-Length, Transfer-Encoding: chunked, Connection: close) and the body, discarded.
+// spends per request (ADR 0002, session 8). Here one goroutine drives every connection from an
+// epoll loop (loop.go; Linux only, as the benches are): it writes the same prepared request bytes
+// and reads the answer in place: the status line, the headers it needs (Content-Length,
+// Transfer-Encoding: chunked, Connection: close) and the body, discarded.
 //
 //	loadgen URL CONCURRENCY SECONDS plain|stream|first
 //

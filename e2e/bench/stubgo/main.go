@@ -5,11 +5,12 @@
 // usage frame when stream_options.include_usage is set, then [DONE]), GET /v1/models, /health
 // (empty 200, as vLLM) and /metrics (vLLM's running/waiting gauges, which the gateway scrapes).
 // The reply is the Python stub's canned one, cut to max_tokens; a token is a word. Standard
-// library only, so the engine costs a fraction of the CPU the gateway under test does.
+// library only, its own HTTP/1.1 server on one epoll loop (server.go; Linux only, as the
+// benches are), so the engine costs a fraction of the CPU the gateway under test does.
 //
 // Usage: stubgo PORT [MODEL]. When FLEET_STUB_API_KEY is set, /v1 routes require it as a bearer.
 // FLEET_STUB_TOKEN_DELAY_MS (milliseconds, default 0) is the Python stub's --token-delay-ms: a
-// stream sends its role frame at once, then waits that long before each token frame (flushed one
+// stream sends its role frame at once, then waits that long before each token frame (written one
 // by one); a whole response waits that long per token before it is sent.
 package main
 
