@@ -31,8 +31,9 @@ PREAMBLE = (
     "  (`e2e/bench/load.py`, aiohttp) runs instead. Each section names the one it ran. Against",
     "  the Go stub (`python -m bench.generator URL`, 2026-12-01, load average 5-9) the Go one",
     "  spent 0.010-0.016 cores per 1,000 req/s (sequential, plain c=32/c=64, stream c=64), the",
-    "  Python one 0.10-0.14; behind a gateway (2-4k req/s, where each request wakes it) the Go",
-    "  one spends 35-60 us of CPU per request, half what it did on net/http's client.",
+    "  Python one 0.10-0.14; behind a gateway (1.5-2.3k req/s, where each request wakes it) the",
+    "  Go one spent 34-48 us of CPU per request on its epoll loop against 48-72 with a goroutine",
+    "  per connection (ADR 0002, session 9; medians of 5 rounds, load average 7-9).",
 )
 SOURCE = Path(__file__).resolve().parent / "loadgen"
 ENV = {**os.environ, "PYTHONPATH": str(SOURCE.parents[1])}

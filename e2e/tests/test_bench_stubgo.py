@@ -418,3 +418,22 @@ def test_unknown_paths_and_methods_get_net_http_s_answers(bare: tuple[str, int])
         missing, wrong_method = _read_answer(stream), _read_answer(stream)
     assert (missing.status, missing.body) == (404, b"404 page not found\n")
     assert (wrong_method.status, wrong_method.body) == (405, b"Method Not Allowed\n")
+
+
+def test_a_request_pipelined_behind_a_held_answer_is_answered_after_it(paced: str) -> None:
+    """A whole reply held one delay per token; the health check sent behind it on the same
+    connection waits for it, answers go in order, and the connection goes on."""
+    host, port = paced.removeprefix("http://").split(":")
+    started = time.monotonic()
+    with _socket((host, int(port))) as (sock, stream):
+        sock.sendall(
+            _post("/v1/chat/completions", json.dumps(_body(False)).encode())
+            + b"GET /health HTTP/1.1\r\nHost: stub\r\n\r\n"
+        )
+        held = _read_answer(stream)
+        health = _read_answer(stream)
+        assert time.monotonic() - started >= WORDS * DELAY_MS / 1000
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: stub\r\n\r\n")
+        again = _read_answer(stream)
+    assert held.json()["choices"][0]["message"]["content"] == REPLY  # type: ignore[index]
+    assert (health.status, again.status) == (200, 200)
