@@ -86,10 +86,19 @@ type server struct {
 	timed map[*connection]struct{}
 }
 
+// serve listens on 127.0.0.1:port and answers until a system call fails.
 func (s *stub) serve(port int) error {
+	sv, err := s.listen(port)
+	if err != nil {
+		return &net.OpError{Op: "listen", Net: "tcp", Err: err}
+	}
+	return sv.run()
+}
+
+func (s *stub) listen(port int) (*server, error) {
 	lfd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sv := &server{s: s, lfd: lfd, timed: map[*connection]struct{}{}}
 	for _, step := range []func() error{
@@ -102,9 +111,14 @@ func (s *stub) serve(port int) error {
 		func() error { return sv.watch(lfd, syscall.EPOLLIN, syscall.EPOLL_CTL_ADD) },
 	} {
 		if err := step(); err != nil {
-			return &net.OpError{Op: "listen", Net: "tcp", Err: err}
+			return nil, err
 		}
 	}
+	return sv, nil
+}
+
+// run is the loop: wait for events or the next timer, answer, release what is due.
+func (sv *server) run() error {
 	events := make([]syscall.EpollEvent, 128)
 	for {
 		n, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(sv.epfd),
@@ -266,7 +280,7 @@ func (sv *server) timers(now time.Time) {
 			sv.drop(c)
 			continue
 		}
-		c.release()
+		c.release(now)
 		if !c.pending() {
 			delete(sv.timed, c)
 			sv.s.running.Add(int64(-c.running))
@@ -279,11 +293,12 @@ func (sv *server) timers(now time.Time) {
 	}
 }
 
-// release lets out the bytes the first pause held; the next pause, if any, counts from now.
-func (c *connection) release() {
+// release lets out the bytes the first pause held; the next pause, if any, counts from now (a
+// token frame waits its delay after the one before was written, as with net/http's flushes).
+func (c *connection) release(now time.Time) {
 	c.pauses = c.pauses[1:]
 	if len(c.pauses) > 0 {
-		c.due = c.due.Add(c.pauses[0].wait)
+		c.due = now.Add(c.pauses[0].wait)
 	}
 	c.done()
 }
