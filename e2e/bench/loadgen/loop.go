@@ -193,8 +193,7 @@ func (l *loop) dial(i int) error {
 		syscall.Close(fd)
 		return err
 	}
-	event := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP}
-	*(*int32)(unsafe.Pointer(&event.Fd)) = int32(i)
+	event := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: int32(i)} // Fd: the client's index
 	for _, step := range []error{
 		syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1), // as Go's dialer
 		syscall.SetNonblock(fd, true),
