@@ -172,6 +172,9 @@ func (l *loop) send(i int, now time.Time) {
 	request := l.t.request
 	for len(request) > 0 {
 		k, err := syscall.Write(c.fd, request)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
 		if err != nil {
 			l.fail(i, now)
 			return
@@ -189,7 +192,7 @@ func (l *loop) dial(i int) error {
 	// Blocking, as net.DialTimeout's 10 s was: a connect on loopback is immediate or refused.
 	tv := syscall.Timeval{Sec: 10}
 	syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, &tv)
-	if err := syscall.Connect(fd, l.addr); err != nil {
+	if err := connect(fd, l.addr); err != nil {
 		syscall.Close(fd)
 		return err
 	}
@@ -206,6 +209,21 @@ func (l *loop) dial(i int) error {
 	}
 	c.fd, c.n = fd, 0
 	return nil
+}
+
+// connect is a blocking connect(2) that a signal does not fail: with a send timeout set, the
+// kernel does not restart it after a signal handler, and the runtime's preemption signal comes
+// every 10 ms while the loop runs (a full accept queue makes a connect wait a second for its SYN
+// to be sent again). Called again, it goes on waiting for the same connection.
+func connect(fd int, addr syscall.Sockaddr) error {
+	err := syscall.Connect(fd, addr)
+	for errors.Is(err, syscall.EINTR) || errors.Is(err, syscall.EALREADY) {
+		err = syscall.Connect(fd, addr)
+	}
+	if errors.Is(err, syscall.EISCONN) {
+		return nil
+	}
+	return err
 }
 
 // fail counts a transport error (or a malformed answer) on connection i and closes it; the next

@@ -318,6 +318,9 @@ func (c *connection) pause(d time.Duration) {
 func (sv *server) flush(c *connection) {
 	for c.sent < c.ready {
 		n, err := syscall.Write(c.fd, c.out[c.sent:c.ready])
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
 		if errors.Is(err, syscall.EAGAIN) {
 			if !c.blocked {
 				c.blocked = true
