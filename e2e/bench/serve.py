@@ -25,7 +25,7 @@ import uvloop
 from bench import bare_proxy
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import load_config
-from fleet_core.serving import SERVERS, serve_app
+from fleet_core.serving import SERVERS, serve_app, settle_heap
 from fleet_core.settings import from_env
 
 
@@ -37,7 +37,9 @@ async def build(kind: str, target: str) -> AsyncIterator[Any]:
         return
     settings = from_env(os.environ, load_config(Path(target)))
     async with open_resources(settings) as resources:
-        yield create_gateway_app(settings, resources)
+        app = create_gateway_app(settings, resources)
+        settle_heap()  # as fleet-gateway does before serving
+        yield app
 
 
 async def run(server: str, app: Any, port: int, stop: asyncio.Event) -> None:

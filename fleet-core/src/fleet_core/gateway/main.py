@@ -30,7 +30,15 @@ from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, load_config
 from fleet_core.gateway.demo import demo_engine, with_demo
 from fleet_core.logs import setup_logging
-from fleet_core.serving import SERVERS, Server, parse_listen, run, serve_app, stop_on_signals
+from fleet_core.serving import (
+    SERVERS,
+    Server,
+    parse_listen,
+    run,
+    serve_app,
+    settle_heap,
+    stop_on_signals,
+)
 from fleet_core.settings import GatewaySettings, from_env
 
 __all__ = ["gateway_main"]
@@ -46,6 +54,7 @@ async def _run_gateway(
     orphaned = asyncio.create_task(_stop_when_orphaned(stop)) if worker else None
     async with open_resources(settings) as resources:
         app = create_gateway_app(settings, resources)
+        settle_heap()
         log.info(
             "fleet-gateway %slistening on %s (%s) with %d upstream(s)",
             f"worker {worker} (pid {os.getpid()}) " if worker else "",
