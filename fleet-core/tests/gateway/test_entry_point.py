@@ -58,9 +58,7 @@ def test_the_gateway_freezes_its_start_up_heap_before_serving(tmp_path: Path) ->
     """What start-up built is out of every later collection and young collections run less often
     (`serving.settle_heap`): the garbage collector was a seventh of a request's CPU."""
     config = tmp_path / "fleet.yaml"
-    config.write_text(
-        "upstreams:\n  - id: a\n    model: m\n    base_url: http://127.0.0.1:9\n"
-    )
+    config.write_text("upstreams:\n  - id: a\n    model: m\n    base_url: http://127.0.0.1:9\n")
     out = subprocess.run(
         [sys.executable, "-c", SERVE_ONCE, str(config)],
         capture_output=True,
