@@ -29,17 +29,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from fleet_core.metering.flushing import WorkerFiles
 from fleet_core.metering.records import UsageRecord
+from fleet_core.metering.series import CounterSeries, GaugeSeries, HistogramSeries, SeriesCollector
 
 __all__ = ["LATENCY_BUCKETS", "EndpointSignals", "EndpointStates", "GatewayMetrics"]
 
@@ -100,38 +100,37 @@ class GatewayMetrics:
             )
             self._changed = self._files.changed
         scope = ("tenant", "project", "model")
-        self._requests = Counter(
+        self._requests = CounterSeries(
             "fleet_requests_total",
             "Requests finished, by status class (2xx, 4xx, 5xx).",
             (*scope, "status_class"),
-            registry=registry,
         )
-        self._tokens = Counter(
+        self._tokens = CounterSeries(
             "fleet_tokens_total",
             "Tokens used: input_fresh, input_cached, output.",
             (*scope, "side"),
-            registry=registry,
         )
-        self._duration = Histogram(
+        self._duration = HistogramSeries(
             "fleet_request_duration_seconds",
             "Time from receiving a request to its last byte.",
             ("model",),
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
-        self._ttft = Histogram(
+        self._ttft = HistogramSeries(
             "fleet_time_to_first_token_seconds",
             "Time from receiving a streamed request to its first byte.",
             ("model",),
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
-        self._in_flight = Gauge(
-            "fleet_requests_in_flight",
-            "Requests received and not yet finished.",
-            ("model",),
-            registry=registry,
-            multiprocess_mode="livesum",  # a worker that exited holds nothing in flight
+        self._in_flight = GaugeSeries(
+            "fleet_requests_in_flight", "Requests received and not yet finished.", ("model",)
+        )
+        # Per request: plain values (`series`); written with every worker's gauges as livesum
+        # (flushing.WorkerFiles), so a worker that exited holds nothing in flight.
+        registry.register(
+            SeriesCollector(
+                self._requests, self._tokens, self._duration, self._ttft, self._in_flight
+            )
         )
         self._refusals = Counter(
             "fleet_rate_limit_refusals_total",
@@ -149,11 +148,6 @@ class GatewayMetrics:
             "Settlement batches given up (over the retry cap, or unconfirmed at shutdown).",
             registry=registry,
         )
-        self._requests_by = _Children(self._requests)
-        self._tokens_by = _Children(self._tokens)
-        self._duration_by = _Children(self._duration)
-        self._ttft_by = _Children(self._ttft)
-        self._in_flight_by = _Children(self._in_flight)
         # Asked live at each scrape: the answering worker's own view with --workers N.
         self._exposed.register(_EndpointReadiness(endpoints))
         self._exposed.register(_EngineSignals(signals))
@@ -165,30 +159,32 @@ class GatewayMetrics:
 
     def observe(self, record: UsageRecord) -> None:
         """Count one finished request: its status, its tokens and its latencies."""
-        labels = _ScopeLabels.of(record)
-        self._requests_by(*labels, _status_class(record.status)).inc()
+        tenant, project, model = _ScopeLabels.of(record)
+        self._requests.inc((tenant, project, model, _status_class(record.status)))
         prompt, completion, cached = record.billed_tokens()
         if record.kind == "embeddings":  # an embedding produces no tokens, whatever a count says
             completion = 0
-        for side, amount in (("input_fresh", prompt - cached), ("input_cached", cached)):
-            if amount > 0:
-                self._tokens_by(*labels, side).inc(amount)
+        tokens = self._tokens
+        if prompt - cached > 0:
+            tokens.inc((tenant, project, model, "input_fresh"), prompt - cached)
+        if cached > 0:
+            tokens.inc((tenant, project, model, "input_cached"), cached)
         if completion > 0:
-            self._tokens_by(*labels, "output").inc(completion)
-        self._observe_latency(record, labels.model)
+            tokens.inc((tenant, project, model, "output"), completion)
+        self._observe_latency(record, (model,))
         self._changed()
 
-    def _observe_latency(self, record: UsageRecord, model: str) -> None:
-        self._duration_by(model).observe(_elapsed(record.received_at, record.done_at))
+    def _observe_latency(self, record: UsageRecord, model: tuple[str]) -> None:
+        self._duration.observe(model, _elapsed(record.received_at, record.done_at))
         if record.stream and record.first_byte_at is not None:
-            self._ttft_by(model).observe(_elapsed(record.received_at, record.first_byte_at))
+            self._ttft.observe(model, _elapsed(record.received_at, record.first_byte_at))
 
     def request_started(self, model: str) -> None:
-        self._in_flight_by(model).inc()
+        self._in_flight.add((model,), 1.0)
         self._changed()
 
     def request_finished(self, model: str) -> None:
-        self._in_flight_by(model).dec()
+        self._in_flight.add((model,), -1.0)
         self._changed()
 
     def refused(self, *, tenant: str, project: str, level: str, dimension: str) -> None:
@@ -217,22 +213,6 @@ class GatewayMetrics:
         self.flush()  # this worker's own counts are current in its own scrape
         encode, content_type = choose_encoder(accept or "")
         return encode(self._exposed), content_type
-
-
-class _Children:
-    """A metric's children by label values, kept: prometheus_client's ``labels()`` validates the
-    values and takes a lock on every call, a few per cent of a gateway under load. The label sets
-    are those prometheus_client keeps anyway (no child is ever removed)."""
-
-    def __init__(self, metric: MetricWrapperBase) -> None:
-        self._metric = metric
-        self._found: dict[tuple[str, ...], Any] = {}
-
-    def __call__(self, *values: str) -> Any:
-        child = self._found.get(values)
-        if child is None:
-            child = self._found[values] = self._metric.labels(*values)
-        return child
 
 
 class _ScopeLabels(NamedTuple):
