@@ -52,7 +52,7 @@ class ClientLeft(Exception):
     """The client went away before its answer was complete (recorded as 499)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Exchange:
     """A request in progress: what is known about it so far, for its usage record."""
 
@@ -94,8 +94,7 @@ class Exchange:
             self.note(500, "upstream_error")
 
 
-@dataclass(frozen=True)
-class Reply:
+class Reply(msgspec.Struct, frozen=True):
     """A buffered answer for the edge to send: status, body, content type."""
 
     status: int

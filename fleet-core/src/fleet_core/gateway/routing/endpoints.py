@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from fleet_core.errors import RateLimited
 from fleet_core.gateway.routing import affinity
 from fleet_core.gateway.routing.fairness import FairQueue, Waiting
@@ -80,9 +82,9 @@ class Lease:
             self.registry.notify()
 
 
-@dataclass(frozen=True, slots=True)
-class Ticket:
-    """What routing knows of a request: whose it is, what it may cost, what it is like."""
+class Ticket(msgspec.Struct, frozen=True):
+    """What routing knows of a request: whose it is, what it may cost, what it is like.
+    A struct, not a frozen dataclass: one is made per request, at a sixth of the cost."""
 
     tenant: str = "anonymous"
     cost: float = 1.0
