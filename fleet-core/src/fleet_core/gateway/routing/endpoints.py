@@ -66,7 +66,7 @@ def _word(ready: bool) -> str:
     return "ready" if ready else "down"
 
 
-@dataclass
+@dataclass(slots=True)
 class Lease:
     """One request's hold on an endpoint; ``release`` exactly once, on every path."""
 
@@ -133,7 +133,10 @@ class EndpointRegistry:
         self._rings.clear()
 
     def get(self, url: str) -> EndpointState:
-        return self._states.setdefault(url, EndpointState(url))
+        state = self._states.get(url)
+        if state is None:  # not setdefault: that would build a state on every call
+            state = self._states[url] = EndpointState(url)
+        return state
 
     def states(self) -> Sequence[EndpointState]:
         return list(self._states.values())

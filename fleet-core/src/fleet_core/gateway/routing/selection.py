@@ -14,6 +14,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
+
 __all__ = ["Candidate", "Scoring", "choose", "score"]
 
 
@@ -28,8 +30,9 @@ class Scoring:
     engine looks as busy as one with this many more requests in flight."""
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(msgspec.Struct, frozen=True):
+    """One endpoint as routing sees it. A struct: one is made per endpoint per request."""
+
     ready: bool
     in_flight: int
     slots: int | None = None  # None: unlimited
