@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client import CollectorRegistry, Counter
@@ -159,7 +158,7 @@ class GatewayMetrics:
 
     def observe(self, record: UsageRecord) -> None:
         """Count one finished request: its status, its tokens and its latencies."""
-        tenant, project, model = _ScopeLabels.of(record)
+        tenant, project, model = _scope_labels(record)
         self._requests.inc((tenant, project, model, _status_class(record.status)))
         prompt, completion, cached = record.billed_tokens()
         if record.kind == "embeddings":  # an embedding produces no tokens, whatever a count says
@@ -215,19 +214,14 @@ class GatewayMetrics:
         return encode(self._exposed), content_type
 
 
-class _ScopeLabels(NamedTuple):
-    tenant: str
-    project: str
-    model: str
-
-    @classmethod
-    def of(cls, record: UsageRecord) -> _ScopeLabels:
-        key_id = record.key_id
-        return cls(
-            _scope_name(record.tenant, default=ANONYMOUS_TENANT, key_id=key_id),
-            _scope_name(record.project, default=NO_PROJECT, key_id=key_id),
-            _without_key_id(record.model, key_id),
-        )
+def _scope_labels(record: UsageRecord) -> tuple[str, str, str]:
+    """``(tenant, project, model)`` label values of a record, none of them a key or key id."""
+    key_id = record.key_id
+    return (
+        _scope_name(record.tenant, default=ANONYMOUS_TENANT, key_id=key_id),
+        _scope_name(record.project, default=NO_PROJECT, key_id=key_id),
+        _without_key_id(record.model, key_id),
+    )
 
 
 def _scope_name(value: str | None, *, default: str, key_id: str | None) -> str:
@@ -245,13 +239,17 @@ def _without_key_id(value: str, key_id: str | None) -> str:
     return INVALID if key_id and key_id in value else value
 
 
+_STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+
+
 def _status_class(status: int) -> str:
-    return f"{status // 100}xx" if 100 <= status <= 599 else "other"
+    return _STATUS_CLASSES[status // 100 - 1] if 100 <= status <= 599 else "other"
 
 
 def _elapsed(start: float, end: float) -> float:
     # Wall-clock stamps can step backwards; a negative duration would corrupt every bucket.
-    return max(0.0, end - start)
+    seconds = end - start
+    return seconds if seconds > 0.0 else 0.0
 
 
 class _EndpointReadiness:
