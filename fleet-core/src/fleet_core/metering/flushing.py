@@ -3,7 +3,8 @@
 prometheus_client's own multiprocess mode backs every value with an mmap'd file: each ``inc`` or
 ``observe`` takes a process-wide lock and writes the file: py-spy found prometheus_client in 3-4%
 of a ``--workers 2`` gateway's samples, 1.5% with values in memory (ADR 0002). So a
-worker keeps plain in-memory metrics (prometheus_client's single-process values) and this module
+worker keeps plain in-memory metrics (the per-request ones as plain numbers, `series`; the rare
+ones as prometheus_client's single-process values) and this module
 copies them into the same files, in the same format, in batches: within ``interval_s`` of any
 change (a timer in the worker's event loop, armed by the first change after a write), just before
 the worker renders ``/metrics`` itself, and once more when it stops. ``MultiProcessCollector`` in
