@@ -208,6 +208,10 @@ def _data(frame: bytes) -> bytes | None:
     return None
 
 
+def _broken(reason: str, code: str) -> bytes:
+    return error_frame(reason + "; the response is incomplete", code)
+
+
 def error_frame(message: str, code: str) -> bytes:
     envelope = ErrorEnvelope(ErrorBody(message, "upstream_error", None, code))
     return b"data: " + msgspec.json.encode(envelope) + b"\n\n"
@@ -220,22 +224,32 @@ class Relay:
         self._response = response
         self.meter = meter
 
-    async def frames(self) -> AsyncIterator[bytes]:
-        """Yield the client's frames; a break after the first byte ends with an error frame."""
-        meter = self.meter
+    async def frames(self) -> AsyncIterator[tuple[bytes, bool]]:
+        """Yield the client's frames, one read's at a time, each with whether more may follow.
+
+        The last is yielded with ``False``: the frames of the read that brought the engine's
+        end (aiohttp has seen a chunked body's last chunk or the whole Content-Length), so the
+        server sends them and ends the response at once (one message, one write); else, when
+        the end came alone in a later read, whatever is left (maybe nothing). A break after the
+        first byte ends with an error frame."""
+        meter, content = self.meter, self._response.content
         try:
-            while chunk := await self._response.content.readany():
-                if ready := meter.feed(chunk):  # every frame that arrived goes out now, at once
-                    yield ready
-            if meter.partial.strip():
-                yield meter.partial
+            last = b""
+            while chunk := await content.readany():
+                ready = meter.feed(chunk)  # every frame that arrived goes out now, at once
+                if content.at_eof():  # the end came with them: they end the response
+                    last = ready
+                    break
+                if ready:
+                    yield ready, True
             meter.finished = True
+            yield (last + meter.partial if meter.partial.strip() else last), False
         except TimeoutError:
             meter.broken = "the engine sent nothing within the read timeout (read_timeout_s)"
-            yield error_frame(meter.broken + "; the response is incomplete", "engine_timeout")
+            yield _broken(meter.broken, "engine_timeout"), False
         except aiohttp.ClientError as exc:
             meter.broken = f"the engine's stream broke: {type(exc).__name__}"
-            yield error_frame(meter.broken + "; the response is incomplete", "stream_interrupted")
+            yield _broken(meter.broken, "stream_interrupted"), False
 
     async def usage_after_leaving(self, grace_s: float) -> None:
         """The client left: if every choice had finished, read on (at most ``grace_s``) for the

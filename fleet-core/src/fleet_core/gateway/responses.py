@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import AsyncIterable, Awaitable
 from typing import TypeVar
 
-from starlette.types import Receive
+from starlette.types import Receive, Send
 
-__all__ = ["SSE_HEADERS", "ClientGone", "until_disconnect"]
+__all__ = ["SSE_HEADERS", "ClientGone", "send_stream", "until_disconnect"]
 
 T = TypeVar("T")
 
@@ -25,6 +25,16 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+
+
+async def send_stream(send: Send, frames: AsyncIterable[tuple[bytes, bool]]) -> None:
+    """An event stream: its head, then each read's frames in one body message as they come.
+    The frames that came with the engine's end carry ``more_body: False`` themselves (one
+    message and one write fewer than an empty body after them); a stream broken off before its
+    end ends with whatever raised."""
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    async for body, more in frames:
+        await send({"type": "http.response.body", "body": body, "more_body": more})
 
 
 class ClientGone(Exception):

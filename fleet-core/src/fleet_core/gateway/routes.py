@@ -17,7 +17,7 @@ from fleet_core import paging, web
 from fleet_core.admission.keys import Principal
 from fleet_core.admission.service import Admission
 from fleet_core.errors import FleetError, PayloadTooLarge
-from fleet_core.gateway.responses import SSE_HEADERS, ClientGone, until_disconnect
+from fleet_core.gateway.responses import ClientGone, send_stream, until_disconnect
 from fleet_core.gateway.router import Router
 from fleet_core.gateway.service import PATHS, ClientLeft, Exchange, GatewayService
 from fleet_core.gateway.viewers import Viewers
@@ -248,11 +248,8 @@ class _Answer:
         opened = await self.service.open(exchange)
         if exchange.request.stream and opened.response.status < 400:
             self.started = True
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             async with contextlib.aclosing(self.service.stream(exchange)) as frames:
-                async for frame in frames:
-                    await send({"type": "http.response.body", "body": frame, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await send_stream(send, frames)
             return
         reply = await self.service.buffered(exchange)
         headers = [

@@ -286,17 +286,18 @@ class GatewayService:
         exchange.note(response.status, "ok")
         return Reply(response.status, body, ctype)
 
-    async def stream(self, exchange: Exchange) -> AsyncGenerator[bytes, None]:
-        """Relay a stream; what it carried is noted on the exchange as it goes."""
+    async def stream(self, exchange: Exchange) -> AsyncGenerator[tuple[bytes, bool], None]:
+        """Relay a stream: each read's frames and whether more may follow (`Relay.frames`);
+        what it carried is noted on the exchange as it goes."""
         assert exchange.opened is not None
         request = exchange.request
         meter = StreamMeter(strip_usage=not request.wants_usage, choices=request.choices)
         exchange.relay = Relay(exchange.opened.response, meter)
         status = exchange.opened.response.status
-        async for frame in exchange.relay.frames():
-            if exchange.first_byte_at is None:
+        async for frames, more in exchange.relay.frames():
+            if frames and exchange.first_byte_at is None:
                 exchange.first_byte_at = time.time()
-            yield frame
+            yield frames, more
             if meter.done and not meter.broken:
                 exchange.note(status, "ok")  # [DONE] delivered: a client leaving now left nothing
         exchange.note(status, "upstream_error" if meter.broken else "ok")
