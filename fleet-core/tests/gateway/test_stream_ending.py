@@ -11,6 +11,7 @@ import time
 
 import httpx
 import msgspec
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig
@@ -27,7 +28,6 @@ from fleet_testing.fix_fault_engine import (
     sse,
     usage_frame,
 )
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .money import records
 
@@ -71,7 +71,8 @@ async def _stream(
 
 def _client_frames(extra: bytes = b"") -> bytes:
     """What the client gets of `FRAMES` (and of ``extra``): unchunked, no usage frame."""
-    words = [b'{"choices":[{"index":0,"delta":{"content":"%s"}}]}' % w for w in (b"fine", b" thanks")]
+    chunk = b'{"choices":[{"index":0,"delta":{"content":"%s"}}]}'
+    words = [chunk % word for word in (b"fine", b" thanks")]
     done = b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}'
     return b"".join(b"data: " + f + b"\n\n" for f in [*words, done, b"[DONE]"]) + extra
 
