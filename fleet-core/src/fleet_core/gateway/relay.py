@@ -92,16 +92,18 @@ class StreamMeter:
         if chunks is None:
             return None
         self.done = self.done or done
-        self.text.append("".join(map(StreamChunk.text, chunks)))
-        self.ended_choices += _ended(chunks)
-        block = self._take_usage(block, json, chunks)
+        text, ended, usage = _read(chunks)
+        self.text.append(text)
+        self.ended_choices += ended
+        if usage:
+            block = self._take_usage(block, json, chunks, usage)
         return _without_usage_null(block) if self.strip_usage else block
 
-    def _take_usage(self, block: bytes, json: bytes, chunks: list[StreamChunk]) -> bytes:
-        """Keep the engine's (last) usage; drop its usage-only frames if asked for the client."""
-        usage = [i for i, chunk in enumerate(chunks) if chunk.usage is not None]
-        if not usage:
-            return block
+    def _take_usage(
+        self, block: bytes, json: bytes, chunks: list[StreamChunk], usage: list[int]
+    ) -> bytes:
+        """Keep the engine's (last) usage; drop its usage-only frames if asked for the client.
+        ``usage``: the positions of the chunks that carry one."""
         self.usage = chunks[usage[-1]].usage
         dropped = [i for i in usage if not chunks[i].choices] if self.strip_usage else []
         if not dropped:
@@ -163,14 +165,32 @@ def _decode_block(block: bytes) -> list[StreamChunk] | None:
     return chunks if len(chunks) == lines else None
 
 
-def _ended(chunks: list[StreamChunk]) -> int:
-    """How many choices these chunks end (`StreamChunk.finished`, summed)."""
-    ended = 0
-    for chunk in chunks:
-        for choice in chunk.choices:
-            if choice.finish_reason:
-                ended += 1
-    return ended
+def _read(chunks: list[StreamChunk]) -> tuple[str, int, list[int]]:
+    """In one pass: the text the chunks carry (`StreamChunk.text`), how many choices they end
+    (`StreamChunk.finished`), and which of them carry usage. The usual chunk, one choice whose
+    delta holds only content (`_Delta.generated`'s shortcut), is read inline."""
+    texts, ended, usage = [], 0, []
+    for i, chunk in enumerate(chunks):
+        if chunk.usage is not None:
+            usage.append(i)
+        choices = chunk.choices
+        if len(choices) == 1:
+            choice = choices[0]
+            delta = choice.delta
+            if (
+                delta is not None
+                and choice.message is None
+                and not choice.text
+                and not (delta.reasoning_content or delta.tool_calls)
+                and not (delta.reasoning or delta.function_call)
+            ):
+                if delta.content:
+                    texts.append(delta.content)
+                ended += 1 if choice.finish_reason else 0
+                continue
+        texts.append(chunk.text())
+        ended += chunk.finished()
+    return "".join(texts), ended, usage
 
 
 def _without_usage_null(frames: bytes) -> bytes:

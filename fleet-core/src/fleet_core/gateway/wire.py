@@ -214,11 +214,11 @@ def _flatten(value: PromptValue) -> tuple[str, int]:
     return "\n".join(texts), ids
 
 
-class PromptDetails(msgspec.Struct):
+class PromptDetails(msgspec.Struct, gc=False):
     cached_tokens: int | None = None
 
 
-class Usage(msgspec.Struct):
+class Usage(msgspec.Struct, gc=False):
     prompt_tokens: int = 0
     completion_tokens: int | None = None
     total_tokens: int | None = None
@@ -230,16 +230,16 @@ class Usage(msgspec.Struct):
         return (details.cached_tokens or 0) if details else 0
 
 
-class _Function(msgspec.Struct):
+class _Function(msgspec.Struct, gc=False):
     name: str | None = None
     arguments: str | None = None
 
 
-class _ToolCall(msgspec.Struct):
+class _ToolCall(msgspec.Struct, gc=False):
     function: _Function | None = None
 
 
-class _Delta(msgspec.Struct):
+class _Delta(msgspec.Struct, gc=False):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
@@ -258,15 +258,19 @@ class _Delta(msgspec.Struct):
         return "".join((thought, self.content or "", *names))
 
 
-class _ChunkChoice(msgspec.Struct):
+class _ChunkChoice(msgspec.Struct, gc=False):
     delta: _Delta | None = None
     text: str | None = None
     message: _Delta | None = None
     finish_reason: str | None = None
 
 
-class StreamChunk(msgspec.Struct):
-    """A streamed frame, or a whole non-stream response: the choices' text and the usage."""
+class StreamChunk(msgspec.Struct, gc=False):
+    """A streamed frame, or a whole non-stream response: the choices' text and the usage.
+
+    It and the structs in it are not tracked by the garbage collector (``gc=False``): decoded
+    JSON holds no reference cycle, and a stream decodes a few of them per frame, each of which
+    would count towards the next collection of the whole young generation."""
 
     choices: list[_ChunkChoice] = []
     usage: Usage | None = None
