@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -88,17 +89,11 @@ class DirectoryStore:
         partial = self._path(key, partial=True)
         final = self._path(key)
 
-        def open_file() -> BinaryIO:
-            partial.parent.mkdir(parents=True, exist_ok=True)
-            return partial.open("ab" if resume else "wb")
-
-        opening = asyncio.ensure_future(asyncio.to_thread(open_file))
+        opening = _Opening(partial, append=resume)
         try:
-            handle = await asyncio.shield(opening)
+            handle = await asyncio.to_thread(opening.open)
         except asyncio.CancelledError:
-            # The thread opens the file whatever happens to us: close it once it has, rather
-            # than leave an open handle to the garbage collector.
-            opening.add_done_callback(_close_opened)
+            opening.abandon()
             raise
         return _FileWriter(handle, partial, final)
 
@@ -148,9 +143,35 @@ class DirectoryStore:
             await asyncio.to_thread(shutil.rmtree, base, True)
 
 
-def _close_opened(opening: asyncio.Future[BinaryIO]) -> None:
-    if not opening.cancelled() and opening.exception() is None:
-        opening.result().close()
+class _Opening:
+    """A file opened in a thread for a caller that may be cancelled meanwhile. The thread opens
+    it whatever happens to the caller, and the loop may end before anything it schedules runs
+    (the control plane stopping), so whichever of the two comes second closes the file: the
+    thread, if the caller gave up before it opened; the caller, if the file opened before it
+    gave up. Nothing is left to the garbage collector."""
+
+    def __init__(self, path: Path, *, append: bool) -> None:
+        self._path, self._append = path, append
+        self._lock = threading.Lock()
+        self._handle: BinaryIO | None = None
+        self._abandoned = False
+
+    def open(self) -> BinaryIO:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        handle = self._path.open("ab") if self._append else self._path.open("wb")
+        with self._lock:
+            if self._abandoned:
+                handle.close()
+            else:
+                self._handle = handle
+        return handle
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.close()
 
 
 class _FileWriter:
