@@ -30,6 +30,8 @@ AMOUNTS = st.one_of(
     st.floats(min_value=0, max_value=500, allow_nan=False),
     st.sampled_from([*LATENCY_BUCKETS, 0.0]),  # exactly on a bound: that bucket, not the next
 )
+Ops = list[tuple[str, tuple[str, str], float]]
+"""Operations on a label set: ("inc" | "gauge" | "observe", labels, amount)."""
 OPS = st.lists(
     st.tuples(st.sampled_from(["inc", "gauge", "observe"]), LABELS, AMOUNTS), max_size=60
 )
@@ -37,6 +39,14 @@ OPS = st.lists(
 
 class Pair:
     """The same three metrics twice: prometheus_client's and the plain series."""
+
+    @classmethod
+    def after(cls, ops: Ops) -> Pair:
+        """A pair that has had every one of ``ops`` applied to both sides."""
+        pair = cls()
+        for op in ops:
+            pair.apply(*op)
+        return pair
 
     def __init__(self) -> None:
         self.ours, self.theirs = CollectorRegistry(), CollectorRegistry()
@@ -71,11 +81,9 @@ def _without_created(text: bytes) -> str:
 @settings(max_examples=150, deadline=None)
 @given(OPS)
 def test_the_exposition_is_prometheus_clients_own(
-    ops: list[tuple[str, tuple[str, str], float]],
+    ops: Ops,
 ) -> None:
-    pair = Pair()
-    for op in ops:
-        pair.apply(*op)
+    pair = Pair.after(ops)
     for encode in (generate_latest, openmetrics_latest):
         assert _without_created(encode(pair.ours)) == _without_created(encode(pair.theirs))
 
@@ -83,12 +91,10 @@ def test_the_exposition_is_prometheus_clients_own(
 @settings(max_examples=100, deadline=None)
 @given(OPS)
 def test_the_worker_files_hold_what_prometheus_clients_would(
-    ops: list[tuple[str, tuple[str, str], float]],
+    ops: Ops,
 ) -> None:
     """What `flushing` writes for ``--workers N`` (and so what a scrape sums) is unchanged."""
-    pair = Pair()
-    for op in ops:
-        pair.apply(*op)
+    pair = Pair.after(ops)
     ours = sorted(flushing._file_entries(pair.ours, gauge_kind="gauge_livesum"))
     theirs = sorted(flushing._file_entries(pair.theirs, gauge_kind="gauge_livesum"))
     assert ours == theirs
