@@ -173,26 +173,27 @@ def short_chat(client: openai.OpenAI) -> None:
     generation.chat(client, MODEL, max_tokens=2)
 
 
-def route_until_served(fleet: Fleet, wanted: set[str], *, tries: int = 12) -> set[str]:
-    """Send short chats (at most ``tries``) until every URL of ``wanted`` has answered one, by
-    the ledger's ``endpoint`` column; the endpoints that answered."""
+def route_until_served(fleet: Fleet, wanted: set[str], *, within: float = 60.0) -> set[str]:
+    """Send short chats until every URL of ``wanted`` has answered one, by the ledger's
+    ``endpoint`` column, for at most ``within`` seconds; the endpoints that answered. The
+    gateway learns of a new or restarted endpoint from its discovery poll and health checks a
+    moment after the control plane lists it (a fixed number of chats sent at once could all
+    land before that, on a loaded machine), and the ledger writer batches its rows."""
     since = len(fleet.ledger())
 
     def served() -> set[str]:
         return {str(r["endpoint"]) for r in fleet.ledger()[since:] if r["outcome"] == "ok"}
 
     with fleet.client() as client:
-        for _ in range(tries):
+
+        def sent_and_served() -> set[str] | None:
+            found = served()
+            if found >= wanted:
+                return found
             short_chat(client)
-            if wanted <= served():
-                break
+            return None
 
-    # the ledger writer batches: the last rows may land a moment later
-    def all_served() -> set[str] | None:
-        found = served()
-        return found if found >= wanted else None
-
-    return eventually(all_served, within=10, what=f"{sorted(wanted)} served")
+        return eventually(sent_and_served, within=within, what=f"{sorted(wanted)} served")
 
 
 def test_scaling_to_two_replicas_routes_to_both_without_a_gateway_restart(fleet: Fleet) -> None:
