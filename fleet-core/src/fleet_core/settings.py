@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from fleet_core.admission.keys import KeyRing, parse_keys
 from fleet_core.admission.policy import RatePolicy, parse_policy
@@ -50,6 +51,9 @@ class AdmissionSettings:
     """Prefix of every Redis key the gateway writes (FLEET_REDIS_PREFIX)."""
     on_store_error: OnStoreError = "closed"
     """Redis down: ``closed`` answers 503, ``open`` serves unlimited (FLEET_RATE_ON_STORE_ERROR)."""
+    rate_lease: Literal["auto", "off"] = "auto"
+    """Redis buckets: ``auto`` admits most requests from this process's leased slice of each
+    bucket (ADR 0016), ``off`` sends every request's charges to Redis (FLEET_RATE_LEASE)."""
     metrics_token: str | None = field(default=None, repr=False)
     """The credential for /metrics and /health's detail (FLEET_METRICS_TOKEN or
     FLEET_METRICS_TOKEN_FILE); in database mode a control plane ``metrics`` credential too."""
@@ -159,6 +163,7 @@ def admission_from_env(env: Mapping[str, str], *, database_mode: bool = False) -
             "protect nothing: set FLEET_AUTH_REQUIRED=true (or unset FLEET_API_KEYS)"
         )
     on_error = _choice(env, "FLEET_RATE_ON_STORE_ERROR", "closed", ("closed", "open"))
+    lease = _choice(env, "FLEET_RATE_LEASE", "auto", ("auto", "off"))
     origins = tuple(o.strip() for o in env.get("FLEET_CORS_ORIGINS", "").split(",") if o.strip())
     return AdmissionSettings(
         keys=KeyRing(keys) if required else None,
@@ -166,6 +171,7 @@ def admission_from_env(env: Mapping[str, str], *, database_mode: bool = False) -
         redis_url=env.get("FLEET_REDIS_URL") or None,
         redis_prefix=env.get("FLEET_REDIS_PREFIX", ""),
         on_store_error="open" if on_error == "open" else "closed",
+        rate_lease="off" if lease == "off" else "auto",
         metrics_token=secret_from_env(env, "FLEET_METRICS_TOKEN"),
         cors_origins=origins,
     )

@@ -159,6 +159,7 @@ async def test_one_round_trip_to_admit_and_one_to_settle(
     env = {
         "FLEET_RATE_TENANTS": "acme|rpm=1000,tpm=100000",
         "FLEET_RATE_PROJECTS": "acme/research|rpm=500,tpm=50000",
+        "FLEET_RATE_LEASE": "off",  # the exact path: every request's charges go to Redis
     }
     async with gateways(1, **env) as (url,), httpx.AsyncClient() as http:
 
@@ -177,3 +178,22 @@ async def test_one_round_trip_to_admit_and_one_to_settle(
     assert after - before == 10
     # 20 at once: admissions in one tick, and settlements close together, share round trips
     assert 2 <= concurrent - after <= 40
+
+
+async def test_leased_buckets_admit_most_requests_without_a_round_trip(
+    gateways: Gateways, redis_url: str
+) -> None:
+    """FLEET_RATE_LEASE=auto (the default): a process leases a slice of each bucket and admits
+    from it, so sequential requests cost far fewer script calls than one each (ADR 0016)."""
+    env = {
+        "FLEET_RATE_TENANTS": "acme|rpm=600000,tpm=60000000",
+        "FLEET_RATE_PROJECTS": "acme/research|rpm=600000,tpm=60000000",
+    }
+    async with gateways(1, **env) as (url,), httpx.AsyncClient() as http:
+        assert await chat(http, url, 100) == 200  # warm-up: loads the scripts, starts the leases
+        await asyncio.sleep(0.2)
+        before = evalsha_calls(redis_url)
+        for _ in range(40):
+            assert await chat(http, url, 100) == 200
+        calls = evalsha_calls(redis_url) - before
+    assert calls <= 10  # top-ups only (the exact path: one admit per request, 40 or more)

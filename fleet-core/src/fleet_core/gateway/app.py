@@ -29,6 +29,7 @@ from fleet_core.admission.catalog import (
     refresh_budgets,
 )
 from fleet_core.admission.directory import BudgetRule, CatalogDirectory, Directory, StaticDirectory
+from fleet_core.admission.leases import LeasedStore
 from fleet_core.admission.limits import LimitStore
 from fleet_core.admission.service import Admission, BudgetWait
 from fleet_core.admission.store import BatchingStore, MemoryStore, open_redis_store
@@ -138,9 +139,11 @@ async def open_resources(settings: GatewaySettings) -> AsyncIterator[GatewayReso
         total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
     )
     redis_url = settings.admission.redis_url
-    limits: LimitStore = (
-        BatchingStore(await open_redis_store(redis_url)) if redis_url else MemoryStore()
-    )
+    limits: LimitStore = MemoryStore()
+    if redis_url:
+        limits = BatchingStore(await open_redis_store(redis_url))
+        if settings.admission.rate_lease == "auto":
+            limits = LeasedStore(limits)
     try:
         async with contextlib.AsyncExitStack() as stack:
             database = None

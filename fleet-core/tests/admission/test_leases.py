@@ -1,0 +1,308 @@
+"""Leased buckets (ADR 0016): local admission from a slice Redis granted, never more than Redis
+admits across gateways, corrections and give-backs landing in Redis, small buckets exact.
+
+Each "gateway" is a `LeasedStore` on its own client to one real Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redis.asyncio import Redis
+
+from fleet_core.admission import leases
+from fleet_core.admission.budgets import Amounts
+from fleet_core.admission.directory import StaticDirectory
+from fleet_core.admission.keys import ANONYMOUS
+from fleet_core.admission.leases import LeasedStore
+from fleet_core.admission.limits import Bucket, Charge, Hold, StoreUnavailable
+from fleet_core.admission.policy import Limits, RatePolicy
+from fleet_core.admission.service import Admission
+from fleet_core.admission.store import BatchingStore, open_redis_store
+from fleet_core.errors import ConfigError, Unavailable
+from fleet_core.settings import admission_from_env
+from fleet_testing.fix_redis_process import RedisProcess
+
+Opener = Callable[[], Awaitable[LeasedStore]]
+
+
+@pytest.fixture
+async def gateway(redis_url: str) -> AsyncIterator[Opener]:
+    """Opens `LeasedStore`s on the shared Redis (one per gateway); closes them after."""
+    opened: list[LeasedStore] = []
+
+    async def open_one() -> LeasedStore:
+        opened.append(LeasedStore(BatchingStore(await open_redis_store(redis_url, timeout_s=5))))
+        return opened[-1]
+
+    yield open_one
+    for store in opened:
+        await store.aclose()
+
+
+def bucket(prefix: str, capacity: int, dimension: str = "tpm") -> Bucket:
+    return Bucket(
+        f"{prefix}{{t:{secrets.token_hex(3)}}}:{dimension}", "tenant", dimension, capacity
+    )  # type: ignore[arg-type]
+
+
+async def level(url: str, b: Bucket) -> float:
+    """The bucket's level in Redis now (refilled to Redis's clock), as the scripts compute it."""
+    async with Redis.from_url(url) as client:
+        state = await client.hmget(b.key, ["level", "ts"])
+        seconds, micros = await client.time()
+    if state[0] is None:
+        return float(b.capacity)
+    elapsed = seconds + micros / 1e6 - float(state[1])
+    return min(b.capacity, float(state[0]) + max(0.0, elapsed) * b.capacity / 60)
+
+
+async def leased(store: LeasedStore, charge: Charge) -> None:
+    """Reserve once (exactly, starting the lease), then wait until the slice holds ``charge``."""
+    assert (await store.reserve([charge])).admitted
+    for _ in range(200):
+        if store.held(charge.bucket.key) >= charge.amount:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("no lease was granted")
+
+
+def run_now(coroutine: Any) -> Any:
+    """The coroutine's result if it finishes without suspending; fails if it would wait."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise AssertionError("the reservation suspended")
+
+
+async def test_a_request_that_fits_its_slices_is_admitted_without_suspending(
+    gateway: Opener, redis_prefix: str
+) -> None:
+    store = await gateway()
+    rpm, tpm = bucket(redis_prefix, 60_000, "rpm"), bucket(redis_prefix, 6_000_000)
+    await leased(store, Charge(rpm, 1))
+    await leased(store, Charge(tpm, 100))
+    decision = run_now(store.reserve([Charge(rpm, 1), Charge(tpm, 100)]))
+    assert decision.admitted
+
+
+async def test_a_request_with_budget_holds_goes_to_redis_with_them(
+    gateway: Opener, redis_prefix: str
+) -> None:
+    store = await gateway()
+    tpm = bucket(redis_prefix, 6_000_000)
+    await leased(store, Charge(tpm, 100))
+    held = store.held(tpm.key)
+    book = f"{tpm.key}:book"
+    hold = Hold(book, "h1", 10, limit=5, base=0, ttl_ms=60_000)  # over its limit: refused
+    decision = await store.reserve([Charge(tpm, 100)], [hold])
+    assert decision.refused_hold == 0
+    assert store.held(tpm.key) == held  # the slice was not touched
+
+
+async def test_small_buckets_stay_exact_across_gateways(gateway: Opener, redis_prefix: str) -> None:
+    stores = [await gateway(), await gateway()]
+    rpm = bucket(redis_prefix, 5, "rpm")
+    decisions = await asyncio.gather(*(stores[i % 2].reserve([Charge(rpm, 1)]) for i in range(40)))
+    assert sum(d.admitted for d in decisions) == 5
+    refused = next(d for d in decisions if not d.admitted)
+    assert refused.refused_by == rpm
+    assert refused.retry_after > 1  # Redis's real Retry-After
+
+
+async def test_two_gateways_never_admit_more_than_the_bucket_holds(
+    gateway: Opener, redis_prefix: str, redis_url: str
+) -> None:
+    stores = [await gateway(), await gateway()]
+    rpm = bucket(redis_prefix, 3_000, "rpm")  # lease cap 30
+    started = time.monotonic()
+    admitted = 0
+    for _ in range(40):  # waves of concurrent requests from both, until the bucket is empty
+        decisions = await asyncio.gather(
+            *(stores[i % 2].reserve([Charge(rpm, 1)]) for i in range(200))
+        )
+        admitted += sum(d.admitted for d in decisions)
+        await asyncio.sleep(0.01)
+    refill = rpm.capacity / 60 * (time.monotonic() - started)
+    assert rpm.capacity * 0.9 <= admitted <= rpm.capacity + refill
+
+
+async def test_what_is_admitted_locally_is_what_redis_granted(
+    gateway: Opener, redis_prefix: str, redis_url: str
+) -> None:
+    """Redis level + every slice + every admitted charge = capacity (before refill): closing
+    gives the slices back."""
+    stores = [await gateway(), await gateway()]
+    tpm = bucket(redis_prefix, 600_000)  # lease cap 6,000
+    await leased(stores[0], Charge(tpm, 500))
+    await leased(stores[1], Charge(tpm, 500))
+    taken = 1000 + sum(
+        [
+            d.admitted * 200
+            for d in await asyncio.gather(*(s.reserve([Charge(tpm, 200)]) for s in stores * 10))
+        ]
+    )
+    await asyncio.sleep(0.05)  # top-ups land
+    slices = stores[0].held(tpm.key) + stores[1].held(tpm.key)
+    assert slices > 0
+    now = await level(redis_url, tpm)
+    assert now + slices + taken <= tpm.capacity + 10_000 * 1  # ≤ 1 s of refill at 10,000/s
+    for store in stores:
+        await store.aclose()
+    restored = await level(redis_url, tpm)
+    assert tpm.capacity - taken <= restored <= tpm.capacity - taken + 20_000  # 2 s refill
+
+
+async def test_refunds_and_overruns_land_in_the_slice_then_in_redis(
+    gateway: Opener, redis_prefix: str, redis_url: str
+) -> None:
+    store = await gateway()
+    tpm = bucket(redis_prefix, 6_000_000)
+    await leased(store, Charge(tpm, 1000))  # 1,000 taken exactly
+    held = store.held(tpm.key)
+    assert run_now(store.reserve([Charge(tpm, 1000)])).admitted
+    await store.settle([Charge(tpm, -600)], "refund")  # used 400 of 1,000
+    await store.settle([Charge(tpm, 250)], "overrun")
+    assert store.held(tpm.key) == held - 1000 + 600 - 250
+    await store.aclose()
+    restored = await level(redis_url, tpm)
+    used = 1000 + 400 + 250
+    assert tpm.capacity - used <= restored <= tpm.capacity - used + 200_000  # 2 s refill
+
+
+async def test_a_refund_never_grows_a_slice_past_its_cap(
+    gateway: Opener, redis_prefix: str
+) -> None:
+    store = await gateway()
+    tpm = bucket(redis_prefix, 600_000)
+    await leased(store, Charge(tpm, 100))
+    await store.settle([Charge(tpm, -50_000)], "big-refund")
+    assert store.held(tpm.key) == leases.lease_cap(tpm)
+
+
+async def test_an_idle_slice_goes_back_to_redis(
+    gateway: Opener, redis_prefix: str, redis_url: str
+) -> None:
+    store = await gateway()
+    tpm = bucket(redis_prefix, 600_000)
+    await leased(store, Charge(tpm, 500))
+    assert store.held(tpm.key) > 0
+    await asyncio.sleep(leases.IDLE_S + 3 * leases.SWEEP_S)
+    assert store.held(tpm.key) == 0
+    assert tpm.capacity - 500 <= await level(redis_url, tpm) <= tpm.capacity
+
+
+async def test_a_dead_store_mid_lease_keeps_the_slice_then_behaves_as_configured(
+    own_redis: RedisProcess,
+) -> None:
+    for on_error in ("closed", "open"):
+        store = LeasedStore(BatchingStore(await open_redis_store(own_redis.url, timeout_s=0.5)))
+        policy = RatePolicy(default=Limits(rpm=60_000))  # lease cap 600 requests
+        admission = Admission(
+            directory=StaticDirectory(keys=None, policy=policy),
+            store=store,
+            metrics=_Counts(),
+            prefix=f"{on_error}:",
+            on_store_error=on_error,  # type: ignore[arg-type]
+        )
+        demand = Amounts(tokens_input=1, tokens_output=1)
+        await admission.admit(ANONYMOUS, demand)
+        await asyncio.sleep(0.1)  # the lease is granted
+        slice_ = store.held(f"{on_error}:fleet:rl:{{anonymous}}:tenant:rpm")
+        assert slice_ > 0
+        own_redis.stop()
+        try:
+            for _ in range(slice_):  # Redis granted these: they are admitted without it
+                await admission.admit(ANONYMOUS, demand)
+            if on_error == "closed":
+                with pytest.raises(Unavailable):
+                    await admission.admit(ANONYMOUS, demand)
+            else:
+                await admission.admit(ANONYMOUS, demand)
+        finally:
+            own_redis.start()
+            await store.aclose()
+
+
+async def test_a_settlement_whose_redis_part_failed_is_applied_once_when_sent_again(
+    own_redis: RedisProcess,
+) -> None:
+    store = LeasedStore(BatchingStore(await open_redis_store(own_redis.url, timeout_s=0.5)))
+    try:
+        tpm = bucket("", 6_000_000)
+        other = Bucket(tpm.key.replace(":tpm", ":other"), "tenant", "tpm", 10)  # never leased
+        await leased(store, Charge(tpm, 1000))
+        held = store.held(tpm.key)
+        own_redis.stop()
+        with pytest.raises(StoreUnavailable):
+            await store.settle([Charge(tpm, -300), Charge(other, -5)], "batch")
+        own_redis.start()
+        await store.settle([Charge(tpm, -300), Charge(other, -5)], "batch")
+        assert store.held(tpm.key) == held + 300
+    finally:
+        await store.aclose()
+
+
+class _Counts:
+    def refused(self, **_: str) -> None: ...
+
+    def store_error(self) -> None: ...
+
+    def settlement_dropped(self) -> None: ...
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    capacity=st.integers(min_value=1, max_value=2_000_000),
+    sizes=st.lists(st.integers(min_value=1, max_value=50_000), min_size=1, max_size=120),
+)
+def test_leases_never_admit_more_than_redis_would(
+    redis_url: str, capacity: int, sizes: list[int]
+) -> None:
+    """Any capacity, any request sizes, two gateways: what is admitted never passes what one
+    exact bucket admits over the same time (capacity plus its refill)."""
+
+    async def scenario() -> None:
+        stores = [
+            LeasedStore(BatchingStore(await open_redis_store(redis_url, timeout_s=5)))
+            for _ in range(2)
+        ]
+        tpm = Bucket(f"prop:{{t:{uuid.uuid4().hex}}}:tpm", "tenant", "tpm", capacity)
+        started = time.monotonic()
+        admitted = 0
+        try:
+            for wave in range(0, len(sizes), 8):
+                part = sizes[wave : wave + 8]
+                decisions = await asyncio.gather(
+                    *(stores[i % 2].reserve([Charge(tpm, n)]) for i, n in enumerate(part))
+                )
+                admitted += sum(n for n, d in zip(part, decisions, strict=True) if d.admitted)
+                await asyncio.sleep(0)
+        finally:
+            for store in stores:
+                await store.aclose()
+        refill = capacity / 60 * (time.monotonic() - started + 0.05)
+        assert admitted <= capacity + refill
+
+    asyncio.run(scenario())
+
+
+def test_fleet_rate_lease_is_auto_off_or_refused() -> None:
+    assert admission_from_env({}).rate_lease == "auto"
+    assert admission_from_env({"FLEET_RATE_LEASE": "off"}).rate_lease == "off"
+    with pytest.raises(ConfigError, match="FLEET_RATE_LEASE='sometimes' is not one of: auto, off"):
+        admission_from_env({"FLEET_RATE_LEASE": "sometimes"})
