@@ -190,6 +190,8 @@ class CatalogDirectory:
         self._rules = {scope: tuple(found) for scope, found in rules.items()}
         self._rules_of: dict[Principal, tuple[BudgetRule, ...]] = {}
         """Each principal's rules in this snapshot, gathered once (principals are few)."""
+        self._inactive: dict[Principal, str] = {}
+        """Each principal's inactive scope in this snapshot (``""``: both active), found once."""
         self._buckets = _BucketCache(catalog.policy(self._default_max_tokens))
 
     @property
@@ -217,21 +219,27 @@ class CatalogDirectory:
         return None if entry is None else entry.principal
 
     def check_active(self, principal: Principal) -> None:
+        inactive = self._inactive.get(principal)
+        if inactive is None:
+            if len(self._inactive) >= RULES_CACHE_SIZE:
+                self._inactive.clear()
+            inactive = self._inactive[principal] = self._inactive_scope(principal)
+        if inactive:
+            raise PermissionDenied(
+                f"{inactive} is inactive; its keys are refused until it is set active again",
+                code=f"{inactive.partition(' ')[0]}_inactive",
+            )
+
+    def _inactive_scope(self, principal: Principal) -> str:
+        """``tenant 'id'`` or ``project 'id'`` when inactive (or unknown), else ``""``."""
         tenant = self._catalog.tenants.get(principal.tenant)
         if tenant is None or not tenant.active:
-            raise PermissionDenied(
-                f"tenant {principal.tenant!r} is inactive; its keys are refused until it is "
-                "set active again",
-                code="tenant_inactive",
-            )
+            return f"tenant {principal.tenant!r}"
         project_id = f"{principal.tenant}/{principal.project}"
         project = self._catalog.projects.get(project_id)
         if project is None or not project.active:
-            raise PermissionDenied(
-                f"project {project_id!r} is inactive; its keys are refused until it is set "
-                "active again",
-                code="project_inactive",
-            )
+            return f"project {project_id!r}"
+        return ""
 
     def buckets(self, principal: Principal, *, prefix: str) -> Sequence[Bucket]:
         return self._buckets.get(principal, prefix)

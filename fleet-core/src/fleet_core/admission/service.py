@@ -75,6 +75,8 @@ SETTLE_RETRY_MAX_S = 10.0
 """The longest wait between two sends of failed settlement batches."""
 UNSETTLED_CAP = 10_000
 """The most failed settlement batches kept for retry; beyond it the oldest is dropped."""
+PLAN_CACHE_SIZE = 10_000
+"""Principals whose reservation steps are kept; beyond this the cache starts again."""
 DRAIN_S = 2.0
 """How long shutdown spends sending the settlements still waiting or kept after a failure."""
 
@@ -138,6 +140,9 @@ class Admission:
         self._closing = False
         """Set by `drain`: no more retries in the background."""
         self._budget_wait = budget_wait
+        self._plans: dict[Principal, _Plan] = {}
+        """Each principal's reservation steps, valid while the directory returns the same
+        buckets (`_reserve` checks)."""
 
     @property
     def auth_required(self) -> bool:
@@ -203,16 +208,16 @@ class Admission:
     async def _reserve(
         self, principal: Principal, tokens: int, hold: BudgetHold | None, holds: Sequence[Hold]
     ) -> list[Charge]:
-        charges = []
-        for bucket in self._directory.buckets(principal, prefix=self._prefix):
-            amount = 1 if bucket.dimension == "rpm" else tokens
-            if amount > bucket.capacity:
-                raise ReservationTooLarge(
-                    f"this request reserves {amount} tokens but the {bucket.level} limit is "
-                    f"tpm={bucket.capacity}; it can never be admitted: lower max_tokens",
-                    param="max_tokens",
-                )
-            charges.append(Charge(bucket, amount))
+        buckets = self._directory.buckets(principal, prefix=self._prefix)
+        plan = self._plans.get(principal)
+        if plan is None or plan.buckets is not buckets:
+            plan = self._plan(principal, buckets)
+        if tokens > plan.most_tokens:
+            raise _too_large(plan, tokens)
+        charges = [
+            charge if charge is not None else Charge(bucket, tokens)
+            for bucket, charge in plan.steps
+        ]
         if not charges and not holds:
             return charges
         try:
@@ -226,6 +231,13 @@ class Admission:
         if not decision.admitted:
             raise self._refusal(principal, decision)
         return charges
+
+    def _plan(self, principal: Principal, buckets: Sequence[Bucket]) -> _Plan:
+        """What a principal's reservations charge, worked out once per directory answer."""
+        if len(self._plans) >= PLAN_CACHE_SIZE:
+            self._plans.clear()
+        plan = self._plans[principal] = _Plan.of(buckets)
+        return plan
 
     def _track(self, task: asyncio.Future[Any]) -> asyncio.Future[Any]:
         self._tasks.add(task)
@@ -445,6 +457,36 @@ class Admission:
             len(unsent),
             tokens,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A principal's buckets as reservation steps: rpm charges made once (always 1), tpm
+    buckets charged the request's tokens; ``most_tokens`` is the smallest tpm capacity."""
+
+    buckets: Sequence[Bucket]
+    steps: tuple[tuple[Bucket, Charge | None], ...]
+    most_tokens: float
+
+    @classmethod
+    def of(cls, buckets: Sequence[Bucket]) -> _Plan:
+        steps = tuple((b, Charge(b, 1) if b.dimension == "rpm" else None) for b in buckets)
+        tpm = [b.capacity for b in buckets if b.dimension == "tpm"]
+        # An rpm bucket below 1 refuses every request as too large, whatever its tokens.
+        never = any(b.capacity < 1 for b in buckets if b.dimension == "rpm")
+        return cls(buckets, steps, -math.inf if never else min(tpm, default=math.inf))
+
+
+def _too_large(plan: _Plan, tokens: int) -> ReservationTooLarge:
+    for bucket, charge in plan.steps:
+        amount = 1 if charge is not None else tokens
+        if amount > bucket.capacity:
+            return ReservationTooLarge(
+                f"this request reserves {amount} tokens but the {bucket.level} limit is "
+                f"tpm={bucket.capacity}; it can never be admitted: lower max_tokens",
+                param="max_tokens",
+            )
+    raise AssertionError("a plan refused tokens every bucket holds")
 
 
 def _batches(pending: Mapping[Bucket, int]) -> list[_Batch]:
