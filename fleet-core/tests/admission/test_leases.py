@@ -26,10 +26,12 @@ from fleet_core.admission.leases import LeasedStore
 from fleet_core.admission.limits import Bucket, Charge, Hold, StoreUnavailable
 from fleet_core.admission.policy import Limits, RatePolicy
 from fleet_core.admission.service import Admission
-from fleet_core.admission.store import BatchingStore, open_redis_store
+from fleet_core.admission.store import BatchingStore, MemoryStore, open_redis_store
 from fleet_core.errors import ConfigError, Unavailable
 from fleet_core.settings import admission_from_env
 from fleet_testing.fix_redis_process import RedisProcess
+
+from .conftest import FakeClock
 
 Opener = Callable[[], Awaitable[LeasedStore]]
 
@@ -306,3 +308,56 @@ def test_fleet_rate_lease_is_auto_off_or_refused() -> None:
     assert admission_from_env({"FLEET_RATE_LEASE": "off"}).rate_lease == "off"
     with pytest.raises(ConfigError, match="FLEET_RATE_LEASE='sometimes' is not one of: auto, off"):
         admission_from_env({"FLEET_RATE_LEASE": "sometimes"})
+
+
+class _SharedMemory(MemoryStore):
+    """One process-memory store behind several `LeasedStore`s: closing one leaves it open."""
+
+    async def aclose(self) -> None:
+        return None
+
+    def level(self, b: Bucket) -> float:
+        return self._level(Charge(b, 0), self._now())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    capacity=st.integers(min_value=1, max_value=2_000_000),
+    ops=st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=1),
+            st.integers(min_value=1, max_value=30_000),
+            st.integers(min_value=-30_000, max_value=5_000),
+        ),
+        min_size=1,
+        max_size=150,
+    ),
+)
+def test_every_unit_is_in_the_store_a_slice_or_a_request(
+    capacity: int, ops: list[tuple[int, int, int]]
+) -> None:
+    """On a frozen clock, after any reservations and corrections from two gateways: the store's
+    level plus both slices is the capacity less what the admitted requests hold (so nothing is
+    admitted that the store did not grant); closing puts the slices back."""
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        shared = _SharedMemory(clock)
+        stores = [LeasedStore(shared, clock=clock) for _ in range(2)]
+        tpm = Bucket("{t:prop}:tpm", "tenant", "tpm", capacity)
+        holding = 0
+        for gateway, size, correction in ops:
+            if (await stores[gateway].reserve([Charge(tpm, size)])).admitted:
+                delta = max(correction, -size)  # a refund gives back at most what was reserved
+                await stores[gateway].settle([Charge(tpm, delta)], uuid.uuid4().hex)
+                holding += size + delta
+            for _ in range(3):
+                await asyncio.sleep(0)  # top-ups land
+        slices = stores[0].held(tpm.key) + stores[1].held(tpm.key)
+        assert shared.level(tpm) + slices == pytest.approx(capacity - holding)
+        assert max(stores[0].held(tpm.key), stores[1].held(tpm.key)) <= leases.lease_cap(tpm)
+        for store in stores:
+            await store.aclose()
+        assert shared.level(tpm) == pytest.approx(min(capacity, capacity - holding))
+
+    asyncio.run(scenario())
