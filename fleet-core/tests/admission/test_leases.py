@@ -219,8 +219,12 @@ async def test_a_dead_store_mid_lease_keeps_the_slice_then_behaves_as_configured
         )
         demand = Amounts(tokens_input=1, tokens_output=1)
         await admission.admit(ANONYMOUS, demand)
-        await asyncio.sleep(0.1)  # the lease is granted
-        slice_ = store.held(f"{on_error}:fleet:rl:{{anonymous}}:tenant:rpm")
+        key = f"{on_error}:fleet:rl:{{anonymous}}:tenant:rpm"
+        for _ in range(200):  # until the lease is granted
+            await asyncio.sleep(0.01)
+            if store.held(key):
+                break
+        slice_ = store.held(key)
         assert slice_ > 0
         own_redis.stop()
         try:
