@@ -56,3 +56,14 @@ def test_a_rate_finer_than_a_thousandth_or_out_of_range_is_refused(text: str) ->
     with pytest.raises(InvalidRequest, match="at most three decimals") as refused:
         from_wire(Decimal(text), param="output")
     assert refused.value.param == "output"
+
+
+@given(prompt=tokens, completion=tokens, cached=tokens, a=rates, b=rates, c=rates)
+def test_a_records_billed_tokens_cost_their_fresh_cached_and_output_parts(
+    prompt: int, completion: int, cached: int, a: int, b: int, c: int
+) -> None:
+    """`Rates.billed` (what a usage record is rated at) is `micro_units` of its parts."""
+    cached = min(cached, prompt)
+    assert Rates(a, b, c).billed((prompt, completion, cached)) == Rates(a, b, c).micro_units(
+        fresh=prompt - cached, cached=cached, output=completion
+    )

@@ -377,12 +377,11 @@ class GatewayService:
             key_id=principal.key_id,
         )
         rates = self._admission.rates(record.served_model)
-        if rates is None:
-            return record
-        units = rates.micro_units(
-            fresh=record.fresh_tokens, cached=record.cached_tokens, output=record.completion_tokens
-        )
-        return msgspec.structs.replace(record, units=units)
+        if rates is not None:
+            # Rated in place, before the record leaves here: the record is still being built
+            # (nothing else holds it yet), so a second record via ``replace`` would only cost.
+            msgspec.structs.force_setattr(record, "units", rates.billed(record.billed_tokens()))
+        return record
 
 
 class Admitted:

@@ -2,8 +2,13 @@
 
 A record holds both measurements side by side — the engine's usage when it sent one, and the
 gateway's count of the text it actually forwarded — because P6 says neither is trusted alone.
-The sink is an interface: a bounded ring in memory now (served at GET /api/v1/requests), the
-Postgres ledger later.
+The sink is an interface: a bounded ring in memory (served at GET /api/v1/requests) and, in
+database mode, the Postgres ledger.
+
+What a record bills (`UsageRecord.billed_tokens`) is decided once, when the record is built (or
+read back from the spool), and kept beside its fields: settlement, the metrics and the ledger row
+each read it, and a request's record is read that way several times in the gateway's hot path.
+The figures are derived, never sent: a record's JSON (the spool, the request log) is its fields.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ class GatewayCount(msgspec.Struct, frozen=True, rename="camel"):
     method: str
 
 
-class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel", dict=True):
     request_id: str
     """Minted by the gateway for this request alone: the ledger's key. Never the client's."""
     kind: str
@@ -54,6 +59,12 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     client_request_id: str | None = None
     """The client's own ``X-Request-Id``, kept for its reference; not unique, never a key."""
 
+    def __post_init__(self) -> None:
+        # ``dict=True`` gives the record a ``__dict__`` beside its fields: the billed figures
+        # live there, computed once here (msgspec runs this on construction, ``replace`` and
+        # decoding alike) and never encoded.
+        self.__dict__[_BILLED] = _billed_tokens(self)
+
     @property
     def billed(self) -> bool:
         """Whether this record bills anything.
@@ -66,35 +77,47 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
         return not (self.outcome == "upstream_error" and self.first_byte_at is None)
 
     def billed_tokens(self) -> tuple[int, int, int]:
-        """``(prompt_tokens, completion_tokens, cached_tokens)`` at once: what settlement and
-        the metrics read of every record, deciding `billed` once instead of in each."""
-        if not self.billed:
-            return 0, 0, 0
-        engine = self.engine
-        if engine is not None:
-            return engine.prompt_tokens, engine.completion_tokens, engine.cached_tokens
-        return self.gateway.prompt_tokens, self.gateway.completion_tokens, 0
+        """``(prompt_tokens, completion_tokens, cached_tokens)`` at once: what settlement, the
+        metrics and the ledger read of every record, decided when the record was built."""
+        billed: tuple[int, int, int] = self.__dict__[_BILLED]
+        return billed
 
     @property
     def prompt_tokens(self) -> int:
         """The billed prompt tokens: the engine's when it said, else the gateway's count."""
-        if not self.billed:
-            return 0
-        return self.engine.prompt_tokens if self.engine else self.gateway.prompt_tokens
+        return self.billed_tokens()[0]
 
     @property
     def completion_tokens(self) -> int:
-        if not self.billed:
-            return 0
-        return self.engine.completion_tokens if self.engine else self.gateway.completion_tokens
+        return self.billed_tokens()[1]
 
     @property
     def cached_tokens(self) -> int:
-        return self.engine.cached_tokens if self.engine and self.billed else 0
+        return self.billed_tokens()[2]
 
     @property
     def fresh_tokens(self) -> int:
-        return self.prompt_tokens - self.cached_tokens
+        prompt, _, cached = self.billed_tokens()
+        return prompt - cached
+
+
+_BILLED = "_billed_tokens"
+_NOTHING = (0, 0, 0)
+
+
+def _billed_tokens(record: UsageRecord) -> tuple[int, int, int]:
+    """The billed ``(prompt, completion, cached)`` tokens: none unless `UsageRecord.billed`;
+    the engine's usage when it sent one, else the gateway's count (which sees no cache)."""
+    outcome = record.outcome  # `UsageRecord.billed`, inline: this runs for every record
+    if outcome == "refused" or record.endpoint is None:
+        return _NOTHING
+    if outcome == "upstream_error" and record.first_byte_at is None:
+        return _NOTHING
+    engine = record.engine
+    if engine is not None:
+        return engine.prompt_tokens, engine.completion_tokens, engine.cached_tokens
+    gateway = record.gateway
+    return gateway.prompt_tokens, gateway.completion_tokens, 0
 
 
 class UsageSink(Protocol):

@@ -37,6 +37,14 @@ class Rates:
         exact = fresh * self.input_fresh + cached * self.input_cached + output * self.output
         return (2 * exact + PER_TOKENS) // (2 * PER_TOKENS)
 
+    def billed(self, tokens: tuple[int, int, int]) -> int:
+        """What a record's billed ``(prompt, completion, cached)`` tokens cost: its cached
+        prompt tokens at the cached rate, the rest of its prompt at the fresh rate."""
+        prompt, completion, cached = tokens  # `micro_units`, inline: it runs per request
+        exact = (prompt - cached) * self.input_fresh + cached * self.input_cached
+        exact += completion * self.output
+        return (2 * exact + PER_TOKENS) // (2 * PER_TOKENS)
+
 
 def from_wire(value: Decimal, *, param: str) -> int:
     """A wire rate (units per million tokens) as stored micro-units per 1,000 tokens; 400 for a
