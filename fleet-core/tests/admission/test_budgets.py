@@ -1,15 +1,24 @@
-"""Budget rules: what a hold counts, when it is dropped, and when a window frees (memory store)."""
+"""Budget rules: what a gateway's allowance counts, when it grows and shrinks, and when a window
+frees (memory store, which mirrors the Redis scripts)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
+import msgspec
 import pytest
 
-from fleet_core.admission.budgets import Amounts, BudgetBook, book_key, free_after, scopes_of
+from fleet_core.admission.budgets import (
+    SLACK_S,
+    Amounts,
+    BudgetBook,
+    BudgetHold,
+    book_key,
+    free_after,
+    scopes_of,
+)
 from fleet_core.admission.directory import BudgetRule
-from fleet_core.admission.limits import HoldUpdate
+from fleet_core.admission.limits import Decision
 from fleet_core.admission.store import MemoryStore
 from fleet_core.errors import ReservationTooLarge
 
@@ -17,6 +26,7 @@ from .conftest import FakeClock
 
 RULE = BudgetRule("rule_a", "tenant", "acme", "tokens_total", 100, 3600)
 UNITS = BudgetRule("rule_u", "project", "acme/x", "units", 1_000, 86400)
+RULE_BIG = BudgetRule("rule_b", "tenant", "acme", "tokens_total", 1_000_000, 3600)
 
 
 def test_every_dimension_reads_its_own_figure() -> None:
@@ -34,97 +44,222 @@ def test_every_dimension_reads_its_own_figure() -> None:
     ] == [50, 30, 20, 10, 20, 7]
 
 
-async def test_a_hold_counts_until_settled_then_until_every_rollup_shows_it() -> None:
+async def admit(
+    store: MemoryStore, book: BudgetBook, rules: list[BudgetRule], demand: Amounts
+) -> tuple[BudgetHold | None, Decision | None]:
+    """What `Admission.admit` does with the book: reserve, ask the store if needed, count the
+    grants (or give the reservation back when refused)."""
+    hold, asks = book.hold(rules, demand)
+    if not asks:
+        return hold, None
+    decision = await store.reserve([], asks)
+    if decision.admitted:
+        assert book.placed(hold)
+        return hold, None
+    await store.update_holds(book.release(hold))
+    return None, decision
+
+
+async def test_a_request_the_slack_covers_asks_the_store_nothing() -> None:
+    store = MemoryStore()
+    book = BudgetBook()
+    book.refreshed({}, started_at=0.0)
+    hold, asks = book.hold([RULE_BIG], Amounts(tokens_output=10))
+    assert [(a.need, a.extra) for a in asks] == [(10, 40)]  # nothing yet: ask, with slack
+    assert (await store.reserve([], asks)).admitted
+    assert book.placed(hold)
+    assert asks[0].granted == 50
+    for _ in range(4):
+        _, more = book.hold([RULE_BIG], Amounts(tokens_output=10))
+        assert more == []  # the slack covers it: no store call for the budget
+    assert book.allowance(RULE_BIG) == (50, 50, 0)
+    assert store.held(book_key(RULE_BIG)) == 50
+    _, asks = book.hold([RULE_BIG], Amounts(tokens_output=10))
+    assert [a.need for a in asks] == [10]
+
+
+async def test_near_the_limit_the_slack_is_nothing_and_admission_exact() -> None:
+    store = MemoryStore()
+    book = BudgetBook()
+    book.refreshed({"rule_a": 60}, started_at=0.0)  # the rollups already count 60 of 100
+    refused, decision = await admit(store, book, [RULE], Amounts(tokens_output=41))
+    assert refused is None
+    assert decision is not None
+    assert (decision.refused_hold, decision.excess) == (0, 1)
+    assert book.allowance(RULE) == (0, 0, 0)
+    hold, _ = await admit(store, book, [RULE], Amounts(tokens_output=40))
+    assert hold is not None
+    assert book.allowance(RULE) == (40, 40, 0)  # no room left for slack
+    assert store.held(book_key(RULE)) == 40
+
+
+async def test_a_reservation_counts_until_settled_then_until_every_rollup_shows_it() -> None:
     store = MemoryStore()
     book = BudgetBook(grace_s=2.0)
     book.refreshed({}, started_at=0.0)
     key = book_key(RULE)
-    hold, asks = book.hold([RULE], Amounts(tokens_input=10, tokens_output=40))
-    assert (await store.reserve([], asks)).admitted
-    assert store.held(key) == 50
-    refused, more = book.hold([RULE], Amounts(tokens_input=51))
-    decision = await store.reserve([], more)
-    assert (decision.refused_hold, decision.excess) == (0, 1)
-    await store.update_holds(book.release(refused))
+    hold, _ = await admit(store, book, [RULE], Amounts(tokens_input=10, tokens_output=40))
+    assert hold is not None
+    assert store.held(key) == 53  # 50 and a sixteenth of the room left (50 // 16)
+    refused, _ = await admit(store, book, [RULE], Amounts(tokens_input=51))
+    assert refused is None
 
-    await store.update_holds(
-        book.settle(hold, Amounts(tokens_input=10, tokens_output=5), request_id="r1")
-    )
-    # Used less than reserved: the store keeps the reservation (errs on refusing) until the
-    # hold is dropped or touched; the book already counts what was used.
-    assert store.held(key) == 50
+    assert book.settle(hold, Amounts(tokens_input=10, tokens_output=5), request_id="r1") == []
+    # Used less than reserved: the unused part is slack now; the entry still holds it.
+    assert book.allowance(RULE) == (53, 0, 15)
     assert book.unrolled(RULE) == 15
-    assert book.refreshed({"rule_a": 0}, started_at=100.0) == []  # the ledger lacks it yet
     book.committed(["r1"], at=101.0)
     # Committed, and this refresh has it, but another gateway's may have started before the
-    # commit: the hold stays until a refresh started grace_s after the commit.
-    assert book.refreshed({"rule_a": 15}, started_at=102.0) == []
-    assert store.held(key) == 50
+    # commit: the use stays until a refresh started grace_s after the commit. (Slack no recent
+    # admission needs is given back at every refresh.)
+    await store.update_holds(book.refreshed({"rule_a": 15}, started_at=102.0))
+    assert book.allowance(RULE) == (15, 0, 15)
+    assert store.held(key) == 15
     await store.update_holds(book.refreshed({"rule_a": 15}, started_at=103.5))
+    assert book.allowance(RULE) == (0, 0, 0)
     assert store.held(key) == 0
     assert book.own() == 0
 
 
-async def test_a_hold_that_grew_at_settlement_is_written_at_once() -> None:
-    """An overrun in any rule's dimension rewrites the hold now: the store never holds less
-    than was used (a shrink may wait; a growth may not, or a budget could be passed)."""
+async def test_an_overrun_grows_the_entry_at_once() -> None:
+    """A use past the reservation and the slack is written now, unchecked (the store never
+    holds less than was used); one within them is not written at all."""
     store = MemoryStore()
     book = BudgetBook()
     book.refreshed({}, started_at=0.0)
-    hold, asks = book.hold([RULE, UNITS], Amounts(tokens_input=10, tokens_output=20, units=300))
-    assert (await store.reserve([], asks)).admitted
-    updates = book.settle(hold, Amounts(tokens_input=10, units=310), request_id="r1")
-    assert {(u.key, u.amount) for u in updates} == {(book_key(RULE), 10), (book_key(UNITS), 310)}
+    demand = Amounts(tokens_input=10, tokens_output=20, units=300)
+    hold, _ = await admit(store, book, [RULE, UNITS], demand)
+    assert hold is not None
+    before = (store.held(book_key(RULE)), store.held(book_key(UNITS)))
+    assert before == (30 + 70 // 16, 300 + 700 // 16)
+    updates = book.settle(hold, Amounts(tokens_input=10, units=400), request_id="r1")
+    assert [(u.key, u.delta) for u in updates] == [(book_key(UNITS), 400 - before[1])]
     await store.update_holds(updates)
-    assert (store.held(book_key(RULE)), store.held(book_key(UNITS))) == (10, 310)
+    assert (store.held(book_key(RULE)), store.held(book_key(UNITS))) == (before[0], 400)
+    assert book.allowance(UNITS) == (400, 0, 400)
 
 
-async def test_a_hold_settled_under_its_reservation_is_shrunk_by_the_next_touch() -> None:
-    clock = FakeClock()
-    store = MemoryStore(clock)
-    book = BudgetBook(ttl_s=8.0)
-    book.refreshed({}, started_at=0.0)
-    hold, asks = book.hold([RULE], Amounts(tokens_output=40))
-    assert (await store.reserve([], asks)).admitted
-    assert book.settle(hold, Amounts(tokens_output=12), request_id="r1") == []
-    assert store.held(book_key(RULE)) == 40
-    clock.advance(3.0)
-    await store.update_holds(book.touches(now=time.monotonic() + 2.5))
-    assert store.held(book_key(RULE)) == 12
-    clock.advance(7.0)  # 10 s after the hold was placed, 7 s after the touch: alive
-    assert store.held(book_key(RULE)) == 12
-
-
-async def test_settled_holds_are_dropped_in_commit_order_once_their_cutoff_passed() -> None:
+async def test_settled_use_leaves_the_entries_in_commit_order_once_the_cutoff_passed() -> None:
     store = MemoryStore()
     book = BudgetBook(grace_s=2.0)
     book.refreshed({}, started_at=0.0)
-    holds = []
     for n in range(3):
-        hold, asks = book.hold([RULE], Amounts(tokens_output=10))
-        assert (await store.reserve([], asks)).admitted
-        book.settle(hold, Amounts(tokens_output=10), request_id=f"r{n}")
-        holds.append(hold)
+        hold, _ = await admit(store, book, [RULE_BIG], Amounts(tokens_output=10))
+        assert hold is not None
+        book.settle(hold, Amounts(tokens_output=n + 1), request_id=f"r{n}")
     book.committed(["r1"], at=10.0)
-    book.committed(["r0", "r2"], at=11.0)
+    book.committed(["r0", "r2", "r9"], at=11.0)  # r9: not settled here
     book.committed(["r1"], at=12.0)  # reported again: its first commit counts
-    assert {u.id for u in book.refreshed({}, started_at=12.5)} == {holds[1].id}
-    assert book.refreshed({}, started_at=12.9) == []
+    await store.update_holds(book.refreshed({}, started_at=12.5))
+    assert book.allowance(RULE_BIG)[2] == 1 + 3  # r1 (2) left the entry; r0 and r2 wait
     await store.update_holds(book.refreshed({}, started_at=13.5))
-    assert store.held(book_key(RULE)) == 10  # r1's drop was never sent to this store
+    assert book.allowance(RULE_BIG) == (0, 0, 0)
+    assert store.held(book_key(RULE_BIG)) == 0
     assert book.own() == 0
 
 
-async def test_a_released_hold_leaves_nothing_behind() -> None:
+async def test_use_the_rollups_show_leaves_the_entry_however_busy_the_gateway() -> None:
+    """Steady traffic keeps the slack (recent admissions need it), but settled use the rollups
+    now count must leave the entry all the same: left in as slack, it would be admitted from a
+    second time, and what was served would pass the limit."""
+    store = MemoryStore()
+    book = BudgetBook(grace_s=2.0)
+    rolled, now, served = 0, 0.0, 0
+    book.refreshed({"rule_a": 0}, started_at=now)
+    for step in range(40):
+        for n in range(3):
+            hold, _ = await admit(store, book, [RULE], Amounts(tokens_output=7))
+            if hold is not None:
+                book.settle(hold, Amounts(tokens_output=7), request_id=f"r{step}-{n}")
+                book.committed([f"r{step}-{n}"], at=now)
+                rolled += 7  # the rollups show it at once (every gateway's refresh too)
+                served += 7
+        now += 0.2  # refreshes close together: the slack recent admissions need is kept
+        await store.update_holds(book.refreshed({"rule_a": rolled}, started_at=now))
+        assert served <= RULE.limit
+    assert served >= RULE.limit - 7  # and it did admit up to the limit
+
+
+async def test_slack_granted_under_a_limit_since_lowered_is_not_admitted_from() -> None:
+    store = MemoryStore()
+    book = BudgetBook()
+    book.refreshed({}, started_at=0.0)
+    hold, _ = await admit(store, book, [RULE_BIG], Amounts(tokens_output=10))
+    assert hold is not None
+    assert book.allowance(RULE_BIG) == (50, 10, 0)  # 40 of slack
+    lowered = msgspec.structs.replace(RULE_BIG, limit=45)
+    refused, decision = await admit(store, book, [lowered], Amounts(tokens_output=10))
+    assert refused is None  # it asked the store, which judged it by the new limit
+    assert decision is not None
+    assert decision.excess == 50 + 10 - 45
+    await store.update_holds(book.refreshed({}, started_at=1.0))  # the slack is given back
+    assert book.allowance(lowered) == (10, 10, 0)
+    assert store.held(book_key(lowered)) == 10
+
+
+async def test_a_refresh_leaves_the_slack_recent_admissions_need() -> None:
+    store = MemoryStore()
+    book = BudgetBook()
+    book.refreshed({}, started_at=0.0)
+    holds = []
+    for _ in range(20):
+        hold, _ = await admit(store, book, [RULE_BIG], Amounts(tokens_output=10))
+        assert hold is not None
+        holds.append(hold)
+    assert book.allowance(RULE_BIG) == (200, 200, 0)  # a growth of 50 every fifth request
+    for n, hold in enumerate(holds):
+        book.settle(hold, Amounts(), request_id=f"r{n}")  # used nothing: all slack now
+    await store.update_holds(book.refreshed({}, started_at=2.0))  # 200 in 2 s: 50 per SLACK_S
+    assert book.allowance(RULE_BIG) == (200 * SLACK_S / 2, 0, 0)
+    assert store.held(book_key(RULE_BIG)) == 50
+    await store.update_holds(book.refreshed({}, started_at=4.0))  # nothing admitted since
+    assert book.allowance(RULE_BIG) == (0, 0, 0)
+    assert store.held(book_key(RULE_BIG)) == 0
+
+
+async def test_a_released_reservation_leaves_nothing_behind() -> None:
     store = MemoryStore()
     book = BudgetBook()
     book.refreshed({}, started_at=0.0)
     hold, asks = book.hold([RULE, UNITS], Amounts(tokens_input=10, units=300))
     assert (await store.reserve([], asks)).admitted
-    await store.update_holds(book.release(hold))
-    assert store.held(book_key(RULE)) == 0
-    assert store.held(book_key(UNITS)) == 0
+    # The caller left after the store answered: the grants stay, as slack, nothing is sent.
+    assert book.release(hold) == []
+    assert book.allowance(RULE) == (store.held(book_key(RULE)), 0, 0)
+    await store.update_holds(book.refreshed({}, started_at=1.0))
+    await store.update_holds(book.refreshed({}, started_at=2.0))  # no recent admission
+    assert (store.held(book_key(RULE)), store.held(book_key(UNITS))) == (0, 0)
     assert book.own() == 0
+
+
+async def test_a_growth_whose_answer_was_lost_is_taken_back_exactly_once() -> None:
+    store = MemoryStore()
+    book = BudgetBook()
+    book.refreshed({}, started_at=0.0)
+    hold, asks = book.hold([RULE], Amounts(tokens_output=30))
+    assert (await store.reserve([], asks)).admitted
+    for ask in asks:
+        ask.granted = None  # as if the reply never came
+    undo = book.release(hold)
+    assert [(u.delta, u.grant) for u in undo] == [(0, asks[0].grant)]
+    batch = [msgspec.structs.replace(u, batch="b1") for u in undo]
+    await store.update_holds(batch)
+    await store.update_holds(batch)  # sent again: applied once
+    assert store.held(book_key(RULE)) == 0
+    assert book.allowance(RULE) == (0, 0, 0)
+    await store.update_holds([msgspec.structs.replace(u, batch="b2") for u in undo])
+    assert store.held(book_key(RULE)) == 0  # a second undo of one growth takes nothing
+
+
+async def test_a_growth_given_up_before_it_arrives_is_refused() -> None:
+    store = MemoryStore()
+    book = BudgetBook()
+    book.refreshed({}, started_at=0.0)
+    hold, asks = book.hold([RULE], Amounts(tokens_output=30))
+    await store.update_holds(book.release(hold))  # the caller gave up first
+    decision = await store.reserve([], asks)
+    assert (decision.admitted, decision.refused_hold) == (False, 0)
+    assert store.held(book_key(RULE)) == 0
 
 
 async def test_a_request_served_before_its_rule_existed_counts_until_rolled_up() -> None:
@@ -163,32 +298,37 @@ def test_a_demand_above_the_limit_can_never_fit() -> None:
         BudgetBook().check([RULE], Amounts(tokens_output=101))
 
 
-async def test_own_holds_are_touched_every_quarter_ttl_and_others_expire() -> None:
+async def test_own_entries_are_touched_every_quarter_ttl_and_a_crashed_ones_expire() -> None:
     clock = FakeClock()
     store = MemoryStore(clock)
     book = BudgetBook(ttl_s=8.0)
-    _, asks = book.hold([RULE], Amounts(tokens_output=30))
-    assert (await store.reserve([], asks)).admitted
+    book.refreshed({}, started_at=0.0)
+    hold, _ = await admit(store, book, [RULE], Amounts(tokens_output=30))
+    assert hold is not None
+    held = store.held(book_key(RULE))
     assert book.touches(now=time.monotonic()) == []  # not yet a quarter of the ttl
     clock.advance(7.0)
-    await store.update_holds(book.touches(now=time.monotonic() + 2.5))
-    clock.advance(7.0)  # 14 s after the hold: alive, as it was touched at 7 s
-    assert store.held(book_key(RULE)) == 30
-    clock.advance(8.5)  # a crashed gateway stops touching: its hold expires
+    touches = book.touches(now=time.monotonic() + 2.5)
+    assert [(u.delta, u.keep) for u in touches] == [(0, held)]
+    await store.update_holds(touches)
+    clock.advance(7.0)  # 14 s after the growth: alive, as it was touched at 7 s
+    assert store.held(book_key(RULE)) == held
+    clock.advance(8.5)  # a crashed gateway stops touching: its entry expires
     assert store.held(book_key(RULE)) == 0
 
 
-async def test_a_touch_rewrites_only_the_holds_not_written_for_a_quarter_ttl() -> None:
-    book = BudgetBook(ttl_s=4.0)
-    old, _ = book.hold([RULE], Amounts(tokens_output=30))
-    await asyncio.sleep(1.05)
-    settled, _ = book.hold([RULE], Amounts(tokens_output=20))
-    fresh, _ = book.hold([RULE], Amounts(tokens_output=10))
-    book.settle(settled, Amounts(tokens_output=5), request_id="r1")
-    assert book.touches() == [HoldUpdate(book_key(RULE), old.id, 30, 4000)]
-    # The next touch, a quarter later, rewrites all three: none waits longer than half the ttl.
-    later = book.touches(now=time.monotonic() + 1.0)
-    assert {(u.id, u.amount) for u in later} == {(old.id, 30), (settled.id, 5), (fresh.id, 10)}
+async def test_an_entry_the_store_lost_is_made_again_at_the_next_write() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    book = BudgetBook(ttl_s=8.0)
+    book.refreshed({}, started_at=0.0)
+    hold, _ = await admit(store, book, [RULE], Amounts(tokens_output=30))
+    assert hold is not None
+    held = store.held(book_key(RULE))
+    clock.advance(9.0)  # the touches failed (the store was away): the entry expired
+    assert store.held(book_key(RULE)) == 0
+    await store.update_holds(book.touches(now=time.monotonic() + 10.0))
+    assert store.held(book_key(RULE)) == held
 
 
 def test_the_window_frees_when_enough_old_minutes_slide_out() -> None:

@@ -1,6 +1,6 @@
 """What admission keeps per key or per set of rules rather than working out per request (issue
 21, session 9) must answer as if worked out each time: a principal's rules follow the catalog
-snapshot, a hold's book keys follow its rules, and charges are merged exactly when a bucket
+snapshot, a reservation's allowances follow its rules, and charges are merged exactly when a bucket
 comes twice."""
 
 from __future__ import annotations
@@ -35,16 +35,19 @@ def test_a_principals_rules_follow_each_new_snapshot() -> None:
     assert directory.rules(BOB) == ()
 
 
-def test_a_holds_book_keys_follow_its_own_rules_whatever_was_held_before() -> None:
+def test_a_reservations_allowances_follow_its_own_rules_whatever_was_held_before() -> None:
     book = BudgetBook(prefix="p:")
     book.refreshed({rule.id: 0 for rule in (TENANT, RESEARCH, OPS)}, started_at=0.0)
     demand = Amounts(tokens_input=3, tokens_output=4, units=5)
     for rules in ((TENANT, RESEARCH), (OPS,), (TENANT, RESEARCH), (RESEARCH, TENANT)):
         hold, asks = book.hold(list(rules), demand)
         expected = [book_key(rule, prefix="p:") for rule in rules]
-        assert [ask.key for ask in asks] == expected
-        assert [ask.amount for ask in asks] == [demand.get(rule.dimension) for rule in rules]
-        assert [update.key for update in book.release(hold)] == expected
+        assert [allowance.key for allowance in hold.allowances] == expected
+        assert list(hold.amounts) == [demand.get(rule.dimension) for rule in rules]
+        assert [ask.key for ask in asks] == expected  # nothing granted yet: every rule asks
+        assert [ask.need for ask in asks] == list(hold.amounts)
+        book.release(hold)
+        assert all(book.allowance(rule)[1] == 0 for rule in rules)
 
 
 def _reference(charges: list[Charge]) -> dict[str, int]:

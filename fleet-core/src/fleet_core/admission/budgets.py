@@ -5,27 +5,35 @@ A rule's usage is two parts:
 - ``used``: the rule's sum over the ledger's per-minute rollups inside its window, refreshed by a
   background query every second (``refreshed``); its cost follows the number of minutes in the
   window, never the number of ledger rows. Every gateway reads it for itself.
-- the rule's **holds**, kept in the limit store beside the token buckets (Redis when there is
-  one, so every gateway sees every other's; `limits.Hold`). A request admitted anywhere holds
-  its demand until it settles; then its hold is set to what it used (at once if that is more
-  than it held; otherwise at the next touch, keeping the larger reservation meanwhile, which
-  errs on refusing) and stays until the rollups show the record — until a refresh that started
-  at least ``grace_s`` after the ledger committed it, so every other gateway's refresh has seen
-  it too. Each hold expires ``ttl_s`` after it was
-  last written; the gateway that owns it touches it while it lives, so only a crashed gateway's
-  holds expire (after at most ``ttl_s``).
+- every gateway's **allowance** in the rule's book, kept in the limit store beside the token
+  buckets (Redis when there is one, so every gateway sees every other's; `limits.Hold`): one
+  entry per gateway process per rule, holding what its requests in flight reserved, what its
+  settled requests used that the rollups may not show yet, and a **slack** it may admit from
+  on its own.
+
+A request whose demand fits the slack of every rule that applies is admitted here, with no
+store work for its budgets at all (all rules or none). One that does not fit asks the store, in
+the same atomic call as its token buckets, to grow this gateway's entries: by at least what is
+missing (refused if ``used + every entry + that`` would pass the limit: exact, naming the rule
+and the excess) plus some slack for the next requests, sized from recent use and capped by the
+store at a small share of the room the rule has left, so that near a limit the slack is nothing
+and every request is judged against every gateway's entries, as one entry per request was.
+Settlement moves a request's amounts from in flight to settled, giving the unused part back to
+the slack (a store write only when the request used more than the slack can cover). Once the
+rollups show a settled request — a refresh that started at least ``grace_s`` after the ledger
+committed it, so every other gateway's refresh has seen it too — its use leaves the entry; each
+refresh also gives back the slack recent use no longer needs. Every change to an entry is a
+signed delta the store applies exactly once (ADR 0004, session 10). Each entry expires ``ttl_s``
+after it was last written; the gateway touches its own while it lives, so only a crashed
+gateway's allowance expires (after at most ``ttl_s``).
 
 A request admitted while no rule applied to it (a rule created a moment ago, not yet in this
-gateway's catalog) holds nothing, so its usage is invisible to a new rule until the rollups show
-it. The book therefore also counts, per scope, what such **unheld** requests used, from their
-settlement until the rollups show them (the same rule as for settled holds), and adds it to
-``used`` for any rule of that scope.
+gateway's catalog) reserves nothing, so its usage is invisible to a new rule until the rollups
+show it. The book therefore also counts, per scope, what such **unheld** requests used, from
+their settlement until the rollups show them (the same rule as for settled requests), and adds
+it to ``used`` for any rule of that scope.
 
-A request is admitted only if, for every rule that applies, ``used + holds + demand`` stays
-within the limit; the store checks that and places the holds in the same atomic call as the
-token buckets, so concurrent requests on any number of gateways cannot all pass one check.
-This book keeps the rollup figures and the gateway's own holds (to touch, settle and drop them);
-everything is integer arithmetic. ADR 0004 says what is still approximate.
+Everything is integer arithmetic. ADR 0004 says what is still approximate.
 """
 
 from __future__ import annotations
@@ -56,10 +64,22 @@ __all__ = [
 ]
 
 RECENT_LIMIT = 200_000
-"""Settled holds tracked until the rollups show them; beyond this the oldest are left to expire."""
+"""Settled requests tracked until the rollups show them; beyond this the oldest is treated as
+committed now (its use leaves the entry a grace later, as if the rollups showed it)."""
 
 KEY_CACHE_SIZE = 10_000
-"""Sets of rules whose book keys are kept; beyond this the cache starts again."""
+"""Sets of rules whose allowances are looked up once; beyond this the cache starts again."""
+
+ALLOWANCES_KEPT = 10_000
+"""Rules with an allowance kept here; beyond this the idle ones (holding nothing) are forgotten."""
+
+SLACK_S = 0.5
+"""The slack a growth asks for, and a refresh leaves: what the rule's requests here admitted in
+this many seconds lately (at least `SLACK_REQUESTS` of the asking request's demand). The store
+caps it at a share of the rule's room (`lib_holds.lua`'s SLACK_SHARE)."""
+
+SLACK_REQUESTS = 4
+"""The least slack a growth asks for, in multiples of the asking request's own demand."""
 
 Scope = tuple[str, str]
 """A rule's scope: ("tenant", tenant id) or ("project", "tenant/project")."""
@@ -111,33 +131,57 @@ class Amounts(msgspec.Struct, frozen=True):
 NOTHING = Amounts()
 
 
-class BudgetHold(msgspec.Struct, frozen=True, gc=False):
-    """A request's holds: one per rule, all under one id. Untracked by the garbage collector
-    (``gc=False``: it can take part in no cycle, holding strings, numbers and frozen structs):
-    thousands live for seconds, settled and waiting for the rollups, and every collection of
-    an older generation would walk them."""
+class _Allowance(msgspec.Struct, gc=False):
+    """This gateway's entry in one rule's book, as it means it to be. The store holds
+    ``allowance`` once every delta sent has landed; ``slack`` is what may be admitted here
+    without asking. Untracked by the collector: it holds strings and numbers."""
 
-    id: str
+    key: str
+    """The rule's book in the store."""
+    allowance: int = 0
+    in_flight: int = 0
+    """Reserved by requests admitted and not yet settled."""
+    unrolled: int = 0
+    """Used by settled requests the rollups may not show yet."""
+    withheld: int = 0
+    """Slack not to be admitted from: granted under a limit since lowered; given back at the
+    next refresh."""
+    limit: int = 0
+    """The rule's limit as this gateway last met it."""
+    admitted: int = 0
+    """Demand admitted since the last refresh (sizes the slack)."""
+    recent: int = 0
+    """Demand admitted per `SLACK_S`, as the last refresh measured it."""
+    written_at: float = 0.0
+    """When the store was last given this entry (monotonic clock)."""
+
+    @property
+    def slack(self) -> int:
+        return self.allowance - self.in_flight - self.unrolled - self.withheld
+
+
+class BudgetHold(msgspec.Struct, frozen=True, gc=False):
+    """A request's reservation against its rules: its amount per rule, counted in this
+    gateway's allowances, and (only when it had to ask the store to grow them) its asks, whose
+    grants the store fills in. Untracked by the garbage collector (``gc=False``: it can take part
+    in no cycle)."""
+
     rules: Sequence[BudgetRule]
     demand: Amounts
+    amounts: tuple[int, ...]
+    allowances: tuple[_Allowance, ...]
+    asks: tuple[Hold, ...] = ()
+
+
+class _Settled(msgspec.Struct, gc=False):
+    """A settled request's use per rule, until the ledger commits its record."""
+
+    allowances: tuple[_Allowance, ...]
+    used: tuple[int, ...]
 
 
 class BudgetExceeded(RateLimited):
     default_code = "budget_exceeded"
-
-
-class _Entry(msgspec.Struct, gc=False):
-    """One of this gateway's holds: what the store holds per rule, and when it was committed.
-    (A struct, not a dataclass: one is made per request, ~0.1 µs against ~1 µs.)"""
-
-    hold: BudgetHold
-    keys: tuple[str, ...]
-    """The rules' books in the store, in ``hold.rules`` order."""
-    amounts: tuple[int, ...]
-    written_at: float
-    """When the store was last given this hold (monotonic clock): placed, settled or touched."""
-    settled: bool = False
-    committed_at: float | None = None
 
 
 class _Unheld(msgspec.Struct, gc=False):
@@ -179,15 +223,15 @@ def free_after(
 
 
 class BudgetBook:
-    """The rules' rollup figures and this gateway's own holds.
+    """The rules' rollup figures and this gateway's own allowances.
 
-    ``ttl_s``: a hold expires this long after it was last written (its owner writes it again at
-    most ``ttl_s / 2`` later: `touches`). ``grace_s``: a settled hold is dropped once a refresh
-    that started this long after the ledger committed its record has returned (twice the refresh
-    interval: by then every gateway refreshing on schedule has read the record from the rollups).
-    ``ledger``: whether a ledger commits this gateway's records (database mode); only then are
-    unheld requests counted, since only then does anything tell the book when the rollups show
-    them.
+    ``ttl_s``: an entry expires this long after it was last written (its owner writes it again
+    at most ``ttl_s / 2`` later: `touches`). ``grace_s``: a settled request's use leaves its
+    entries once a refresh that started this long after the ledger committed its record has
+    returned (twice the refresh interval: by then every gateway refreshing on schedule has read
+    the record from the rollups). ``ledger``: whether a ledger commits this gateway's records
+    (database mode); only then are unheld requests counted, since only then does anything tell
+    the book when the rollups show them.
     """
 
     def __init__(
@@ -195,28 +239,32 @@ class BudgetBook:
     ) -> None:
         self._prefix = prefix
         self._nonce = secrets.token_hex(8)
+        self.owner = f"g{self._nonce}"
+        """This gateway's entry in every book: 64 random bits per process."""
         self._serial = itertools.count()
-        """Hold ids: this book's random nonce and a serial, unique among every gateway's holds
-        (64 random bits per process) and cheaper to mint and to send than a UUID each."""
+        """Grant ids (a growth's, to undo it exactly once if its outcome is unknown)."""
         self._ttl_ms = max(1, round(ttl_s * 1000))
-        self._keys: dict[tuple[BudgetRule, ...], tuple[str, ...]] = {}
-        """The book keys of each set of rules a request met, made once (per rule per request
-        otherwise); kept on the hold's entry for its settlement, touches and drop."""
+        self._allowances: dict[str, _Allowance] = {}
+        """Book key -> this gateway's allowance in it."""
+        self._sets: dict[tuple[BudgetRule, ...], tuple[_Allowance, ...]] = {}
+        """The allowances of each set of rules a request met, looked up once."""
         self._grace_s = grace_s
         self._used: dict[str, int] = {}
         self.loaded = False
         """Whether the rollup figures were read at least once (before that, refuse)."""
-        self._entries: dict[str, _Entry] = {}
-        self._settled: OrderedDict[str, str] = OrderedDict()
-        """Request id -> hold id, for holds settled and waiting for the rollups."""
-        self._commits: deque[tuple[float, str]] = deque()
-        """(commit time, request id) of the settled holds' records, in commit order: a refresh
-        drops the oldest ones its cutoff passed, never scanning every hold still waiting."""
+        self._flying = 0
+        """Reservations admitted (or asking) and not yet settled or released."""
+        self._settled: OrderedDict[str, _Settled] = OrderedDict()
+        """Request id -> what it used, for requests settled and not yet committed."""
+        self._commits: deque[tuple[float, dict[str, int]]] = deque()
+        """(commit time, book key -> use) per committed batch, in commit order: a refresh
+        takes the oldest ones its cutoff passed out of the entries."""
         self._ledger = ledger
         self._unheld: OrderedDict[str, _Unheld] = OrderedDict()
         """Request id -> what an unheld request used, until the rollups show it."""
         self._unheld_sums: dict[Scope, Amounts] = {}
         self._touched_at = time.monotonic()
+        self._refreshed_at: float | None = None
         self.wanted = asyncio.Event()
         """Set when a request meets a rule the last refresh did not cover: refresh now."""
         self._learned = asyncio.Event()
@@ -226,8 +274,8 @@ class BudgetBook:
         return self._ttl_ms / 1000
 
     def usage(self, rule: BudgetRule) -> int:
-        """What counts against a rule besides holds: its rollups (as last read) and what unheld
-        requests of its scope used that the rollups may not show yet."""
+        """What counts against a rule besides the entries: its rollups (as last read) and what
+        unheld requests of its scope used that the rollups may not show yet."""
         return self._used.get(rule.id, 0) + self._unheld_usage(rule)
 
     def _unheld_usage(self, rule: BudgetRule) -> int:
@@ -250,17 +298,17 @@ class BudgetBook:
 
     def unrolled(self, rule: BudgetRule) -> int:
         """Usage settled here that the rollups may not show yet (held or not)."""
-        return self._unheld_usage(rule) + sum(
-            amount
-            for entry in self._entries.values()
-            if entry.settled
-            for held, amount in zip(entry.hold.rules, entry.amounts, strict=True)
-            if held.id == rule.id
-        )
+        found = self._allowances.get(book_key(rule, prefix=self._prefix))
+        return self._unheld_usage(rule) + (found.unrolled if found is not None else 0)
 
     def own(self) -> int:
-        """How many holds this gateway keeps (in flight or waiting for the rollups)."""
-        return len(self._entries)
+        """How many requests this gateway tracks (in flight, or settled and not committed)."""
+        return self._flying + len(self._settled)
+
+    def allowance(self, rule: BudgetRule) -> tuple[int, int, int]:
+        """This gateway's (allowance, in flight, unrolled) in ``rule``'s book (for checks)."""
+        found = self._allowances.get(book_key(rule, prefix=self._prefix))
+        return (0, 0, 0) if found is None else (found.allowance, found.in_flight, found.unrolled)
 
     def check(self, rules: Sequence[BudgetRule], demand: Amounts) -> None:
         """400 for a demand above a rule's whole limit: it could never be admitted."""
@@ -274,50 +322,116 @@ class BudgetBook:
                 )
 
     def hold(self, rules: Sequence[BudgetRule], demand: Amounts) -> tuple[BudgetHold, list[Hold]]:
-        """A new hold for ``demand`` and what to ask the store; tracked from now on, so that
-        a reservation that never completes can still be dropped (`release`)."""
+        """Reserve ``demand`` against ``rules``: from the slack when every rule's fits (no asks),
+        else the asks that grow this gateway's entries, one per rule in ``rules`` order. Counted
+        from now on; a reservation that does not complete must be given back (`release`)."""
         rules = tuple(rules)
-        hold_id = f"h{self._nonce}{next(self._serial):x}"
-        hold = BudgetHold(hold_id, rules, demand)
-        keys = self._keys_of(rules)
-        amounts: list[int] = []
+        allowances = self._sets.get(rules) or self._allowances_of(rules)
+        amounts = tuple([demand.get(rule.dimension) for rule in rules])
+        self._flying += 1
+        fits = True
+        for allowance, amount in zip(allowances, amounts, strict=True):  # a loop: every request
+            if (
+                amount
+                > allowance.allowance
+                - allowance.in_flight
+                - allowance.unrolled
+                - allowance.withheld
+            ):
+                fits = False
+                break
+        if fits:
+            for allowance, amount in zip(allowances, amounts, strict=True):
+                allowance.in_flight += amount
+                allowance.admitted += amount
+            return BudgetHold(rules, demand, amounts, allowances), []
+        return self._ask(rules, demand, amounts, allowances)
+
+    def _ask(
+        self,
+        rules: tuple[BudgetRule, ...],
+        demand: Amounts,
+        amounts: tuple[int, ...],
+        allowances: tuple[_Allowance, ...],
+    ) -> tuple[BudgetHold, list[Hold]]:
+        grant = f"{self._nonce}{next(self._serial):x}"
         asks: list[Hold] = []
-        ttl_ms, used = self._ttl_ms, self._used
-        for rule, key in zip(rules, keys, strict=True):  # a loop: it runs on every request
-            amount = demand.get(rule.dimension)
-            base = used.get(rule.id, 0) + (self._unheld_usage(rule) if self._unheld_sums else 0)
-            amounts.append(amount)
-            asks.append(Hold(key, hold_id, amount, rule.limit, base, ttl_ms))
-        self._entries[hold_id] = _Entry(hold, keys, tuple(amounts), time.monotonic())
-        return hold, asks
+        for rule, allowance, amount in zip(rules, allowances, amounts, strict=True):
+            need = max(0, amount - max(0, allowance.slack))
+            extra = max(SLACK_REQUESTS * amount, allowance.recent)
+            base = self._used.get(rule.id, 0) + self._unheld_usage(rule)
+            asks.append(
+                Hold(
+                    allowance.key,
+                    self.owner,
+                    grant,
+                    need,
+                    extra,
+                    rule.limit,
+                    base,
+                    allowance.allowance,
+                    self._ttl_ms,
+                )
+            )
+            # Counted at once as if granted, so that a request meanwhile does not ask for it too.
+            allowance.allowance += need
+            allowance.in_flight += amount
+            allowance.admitted += amount
+        return BudgetHold(rules, demand, amounts, allowances, tuple(asks)), asks
+
+    def placed(self, hold: BudgetHold) -> bool:
+        """After the store admitted ``hold``: count what its asks were granted. False if the
+        store did not answer (admitted open): then the caller gives the hold back (`release`)."""
+        if any(ask.granted is None for ask in hold.asks):
+            return False
+        now = time.monotonic()
+        for ask, allowance in zip(hold.asks, hold.allowances, strict=True):
+            allowance.allowance += (ask.granted or 0) - ask.need
+            allowance.written_at = now
+        return True
 
     def release(self, hold: BudgetHold) -> list[HoldUpdate]:
-        """Give a hold back unused (the request was refused or never started)."""
-        self._entries.pop(hold.id, None)
-        return [HoldUpdate(key, hold.id, None) for key in self._keys_of(tuple(hold.rules))]
+        """Give a reservation back unused (refused, the store failed, the caller left). A grant
+        the store answered stays as slack; one whose answer was lost is undone in the store,
+        exactly once, whether or not it was made."""
+        self._flying -= 1
+        undo: list[HoldUpdate] = []
+        for index, (allowance, amount) in enumerate(
+            zip(hold.allowances, hold.amounts, strict=True)
+        ):
+            allowance.in_flight -= amount  # (it stays in `admitted`: demand met, sizing slack)
+            if not hold.asks:
+                continue
+            ask = hold.asks[index]
+            if ask.granted is None:
+                allowance.allowance -= ask.need
+                undo.append(self._update(allowance, 0, grant=ask.grant))
+            else:
+                allowance.allowance += ask.granted - ask.need
+        return undo
 
     def settle(self, hold: BudgetHold, used: Amounts, *, request_id: str) -> list[HoldUpdate]:
-        """Set the hold to what was used; it stays until the rollups show it.
-
-        Only a hold that grew (the request used more than it reserved in some rule's dimension)
-        is written now. One that used no more than it reserved keeps its reservation in the
-        store, which errs on refusing, until it is dropped (a few seconds, once the rollups
-        show the record) or, if it lives that long, until the next touch writes what was used
-        (at most ``ttl_s / 2``): one store write fewer per rule per request (ADR 0004)."""
-        entry = self._entries.get(hold.id)
-        if entry is None or entry.settled:
-            return []
-        reserved = entry.amounts
-        entry.amounts = amounts = tuple([used.get(rule.dimension) for rule in hold.rules])
-        entry.settled = True
-        self._settled[request_id] = hold.id
+        """Move the request from in flight to settled: its use stays in the entries until the
+        rollups show it, the unused part of its reservation goes back to the slack. Written to
+        the store only when the request used more than its reservation and the slack together
+        (an overrun: the entry grows at once, unchecked, as a bucket may go below zero)."""
+        self._flying -= 1
+        amounts = tuple([used.get(rule.dimension) for rule in hold.rules])
+        grown: list[HoldUpdate] = []
+        for allowance, reserved, amount in zip(hold.allowances, hold.amounts, amounts, strict=True):
+            allowance.in_flight -= reserved
+            allowance.unrolled += amount
+            short = allowance.in_flight + allowance.unrolled - allowance.allowance
+            if short > 0:
+                allowance.allowance += short
+                grown.append(self._update(allowance, short))
+        if request_id in self._settled:  # a second settlement of one id: counted as its own
+            request_id = f"{request_id}#{next(self._serial)}"
+        self._settled[request_id] = _Settled(hold.allowances, amounts)
         if len(self._settled) > RECENT_LIMIT:
-            _, dropped = self._settled.popitem(last=False)
-            self._entries.pop(dropped, None)  # no longer touched: it expires within ttl_s
-        if amounts == reserved or all([a <= b for a, b in zip(amounts, reserved, strict=True)]):
-            return []
-        entry.written_at = time.monotonic()
-        return self._puts(entry)
+            _, oldest = self._settled.popitem(last=False)
+            self._commit([oldest], time.monotonic())
+        return grown
 
     def settle_unheld(self, scopes: Sequence[Scope], used: Amounts, *, request_id: str) -> None:
         """Count what a request admitted under no rule used, until the rollups show it."""
@@ -339,23 +453,35 @@ class BudgetBook:
                 self._unheld_sums[scope] = after
 
     def committed(self, request_ids: Iterable[str], *, at: float | None = None) -> None:
-        """The ledger committed these records (called by the ledger writer)."""
+        """The ledger committed these records (called by the ledger writer, per batch): their
+        use, summed per rule, leaves the entries once a refresh past the grace returns."""
         stamp = time.monotonic() if at is None else at
+        settled, found = self._settled, []
         for request_id in request_ids:
-            entry = self._entries.get(self._settled.get(request_id, ""))
-            if entry is not None and entry.committed_at is None:
-                entry.committed_at = stamp
-                self._commits.append((stamp, request_id))
-            unheld = self._unheld.get(request_id)
-            if unheld is not None and unheld.committed_at is None:
-                unheld.committed_at = stamp
+            entry = settled.pop(request_id, None)
+            if entry is not None:
+                found.append(entry)
+            elif self._unheld:
+                unheld = self._unheld.get(request_id)
+                if unheld is not None and unheld.committed_at is None:
+                    unheld.committed_at = stamp
+        if found:
+            self._commit(found, stamp)
+
+    def _commit(self, entries: list[_Settled], stamp: float) -> None:
+        sums: dict[str, int] = {}
+        for entry in entries:
+            for allowance, amount in zip(entry.allowances, entry.used, strict=True):
+                sums[allowance.key] = sums.get(allowance.key, 0) + amount
+        self._commits.append((stamp, sums))
 
     def refreshed(self, used: Mapping[str, int], *, started_at: float) -> list[HoldUpdate]:
         """New rollup sums from a query that started at ``started_at`` (monotonic clock); the
-        settled holds every gateway's rollups now show, to drop from the store.
+        entry changes that follow: use every gateway's rollups now show taken out, slack that
+        recent use does not need given back.
 
         A record committed while the query ran may be counted twice for a moment (in the sums
-        and in its hold), which errs on the side of refusing.
+        and in its entry), which errs on the side of refusing.
         """
         self._used = dict(used)
         self.loaded = True
@@ -363,13 +489,38 @@ class BudgetBook:
         self._learned = asyncio.Event()
         cutoff = started_at - self._grace_s
         self._drop_unheld(cutoff)
-        drops: list[HoldUpdate] = []
-        commits = self._commits
+        commits, allowances = self._commits, self._allowances
+        rolled: dict[str, int] = {}
         while commits and commits[0][0] < cutoff:  # commit times only grow (monotonic clock)
-            entry = self._entries.pop(self._settled.pop(commits.popleft()[1], ""), None)
-            if entry is not None:
-                drops += [HoldUpdate(key, entry.hold.id, None) for key in entry.keys]
-        return drops
+            for key, amount in commits.popleft()[1].items():
+                rolled[key] = rolled.get(key, 0) + amount
+        elapsed = SLACK_S if self._refreshed_at is None else started_at - self._refreshed_at
+        self._refreshed_at = started_at
+        updates: list[HoldUpdate] = []
+        for key, allowance in allowances.items():
+            # Use the rollups show now leaves the entry (it is in every gateway's base), and
+            # so does slack that recent admissions here do not need.
+            allowance.recent = round(allowance.admitted * SLACK_S / max(elapsed, SLACK_S))
+            allowance.admitted = 0
+            if allowance.withheld:  # the limit was lowered: give back every grant made under it
+                allowance.withheld, allowance.recent = 0, 0
+            out = rolled.get(key, 0)
+            allowance.unrolled -= out
+            allowance.allowance -= out
+            spare = max(0, allowance.slack - allowance.recent)
+            allowance.allowance -= spare
+            if out + spare > 0:
+                updates.append(self._update(allowance, -(out + spare)))
+        self._forget_idle()
+        return updates
+
+    def _forget_idle(self) -> None:
+        if len(self._allowances) <= ALLOWANCES_KEPT or self._flying or self._commits:
+            return
+        self._allowances = {
+            key: a for key, a in self._allowances.items() if a.allowance or a.in_flight
+        }
+        self._sets.clear()
 
     def _drop_unheld(self, cutoff: float) -> None:
         rolled = [
@@ -381,31 +532,42 @@ class BudgetBook:
             self._count_unheld(self._unheld.pop(request_id), add=False)
 
     def touches(self, *, now: float | None = None) -> list[HoldUpdate]:
-        """Every ``ttl_s / 4``, the own holds not written for that long, written again for
-        another ``ttl_s``: none goes unwritten for more than ``ttl_s / 2``. Most holds live a
-        few seconds (placed, settled, dropped once the rollups show them), so under load a
-        touch rewrites the few that live long (long streams; everything while the ledger is
-        away), not thousands of holds written a moment ago."""
+        """Every ``ttl_s / 4``, the entries holding something and not written for that long,
+        written again for another ``ttl_s``: none goes unwritten for more than ``ttl_s / 2``.
+        A touch carries the whole allowance, so that an entry the store lost (it expired while
+        this gateway could not reach the store) is made again."""
         now = time.monotonic() if now is None else now
         quarter = self.ttl_s / 4
         if now - self._touched_at < quarter:
             return []
         self._touched_at = now
-        stale = [e for e in self._entries.values() if now - e.written_at >= quarter]
-        for entry in stale:
-            entry.written_at = now
-        return [update for entry in stale for update in self._puts(entry)]
-
-    def _puts(self, entry: _Entry) -> list[HoldUpdate]:
         return [
-            HoldUpdate(key, entry.hold.id, amount, self._ttl_ms)
-            for key, amount in zip(entry.keys, entry.amounts, strict=True)
+            self._update(a, 0, now=now)
+            for a in self._allowances.values()
+            if a.allowance > 0 and now - a.written_at >= quarter
         ]
 
-    def _keys_of(self, rules: tuple[BudgetRule, ...]) -> tuple[str, ...]:
-        keys = self._keys.get(rules)
-        if keys is None:
-            if len(self._keys) >= KEY_CACHE_SIZE:
-                self._keys.clear()
-            keys = self._keys[rules] = tuple([book_key(r, prefix=self._prefix) for r in rules])
-        return keys
+    def _update(
+        self, allowance: _Allowance, delta: int, *, grant: str = "", now: float | None = None
+    ) -> HoldUpdate:
+        allowance.written_at = time.monotonic() if now is None else now
+        return HoldUpdate(
+            allowance.key, self.owner, delta, allowance.allowance, self._ttl_ms, grant=grant
+        )
+
+    def _allowances_of(self, rules: tuple[BudgetRule, ...]) -> tuple[_Allowance, ...]:
+        """The allowances of a set of rules met for the first time (or in a new catalog)."""
+        if len(self._sets) >= KEY_CACHE_SIZE:
+            self._sets.clear()
+        found = []
+        for rule in rules:
+            key = book_key(rule, prefix=self._prefix)
+            allowance = self._allowances.get(key)
+            if allowance is None:
+                allowance = self._allowances[key] = _Allowance(key, limit=rule.limit)
+            if rule.limit < allowance.limit:  # no more admitting from slack granted before
+                allowance.withheld += max(0, allowance.slack)
+            allowance.limit = rule.limit
+            found.append(allowance)
+        allowances = self._sets[rules] = tuple(found)
+        return allowances

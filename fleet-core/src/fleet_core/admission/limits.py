@@ -1,13 +1,15 @@
 """The vocabulary shared by the limit policy and the stores: buckets, charges, decisions.
 
-A hold is a budget rule's reservation: the request's demand in the rule's dimension, kept in the
-store beside the buckets so that every gateway sees every other gateway's requests in flight
-(and settled ones the rollups do not show yet). A hold refuses when the rule's base (its rollups,
-as this gateway last read them) plus every live hold plus the demand would pass the rule's limit.
-Each hold expires unless its gateway touches it, so a crashed gateway's holds cannot leak forever.
+A budget rule's book holds one entry per gateway process, its allowance (`budgets`): what its
+requests in flight reserved, what its settled ones used that the rollups may not show yet, and
+slack it admits from on its own. A `Hold` asks to grow the entry, refused when the rule's base
+(its rollups, as this gateway last read them) plus every entry plus what is missing would pass
+the rule's limit; a `HoldUpdate` changes it by a signed delta, applied once. Each entry expires
+unless its gateway writes it again, so a crashed gateway's allowance cannot leak forever.
 
 These values are made several times per request, so they are msgspec structs (frozen, like the
-rest): a frozen dataclass costs about ten times as much to make.
+rest, but for `Hold`, whose grant the store fills in): a frozen dataclass costs about ten times
+as much to make.
 
 A bucket is a token bucket holding at most ``capacity`` units (the per-minute limit) and refilling
 ``capacity / 60`` units per second. A request reserves from every bucket that applies to it, all
@@ -58,28 +60,49 @@ class Charge(msgspec.Struct, frozen=True, gc=False):  # in no cycle, untracked b
     """Units to take (positive) or, at settlement, to give back (negative)."""
 
 
-class Hold(msgspec.Struct, frozen=True):
-    """Hold ``amount`` against a budget rule's shared book, unless it would pass ``limit``."""
+class Hold(msgspec.Struct):
+    """Grow a gateway's entry in a budget rule's book, unless that would pass ``limit``.
+
+    Not frozen: the store fills in ``granted`` when it answers (the caller reads it after the
+    reservation, whatever carried it there)."""
 
     key: str
     """The rule's book in the store; shares the tenant's hash tag with its buckets."""
-    id: str
-    """The hold's own name in the book (minted by the gateway, unique)."""
-    amount: int
+    owner: str
+    """The gateway's entry in the book (one per gateway process)."""
+    grant: str
+    """This growth's id: an undo under it (`HoldUpdate.grant`) takes it back exactly once."""
+    need: int
+    """The least growth that admits the request: refused if ``base`` + every entry + ``need``
+    would pass ``limit`` (0: the rule's part fits the entry already, never refused)."""
+    extra: int
+    """Slack wanted beyond ``need``; the store grants at most a share of the rule's room."""
     limit: int
     base: int
-    """What the rule's rollups count (as this gateway last read them), besides the holds."""
+    """What the rule's rollups count (as this gateway last read them), besides the entries."""
+    keep: int
+    """The entry as its gateway means it before this growth: made again if the store lost it."""
     ttl_ms: int
-    """The hold is dropped this long after it was last written, unless touched again."""
+    """The entry is dropped this long after it was last written, unless written again."""
+    granted: int | None = None
+    """Set by the store: the growth made (0 when refused); None while unknown."""
 
 
 class HoldUpdate(msgspec.Struct, frozen=True):
-    """Set a hold to ``amount`` for another ``ttl_ms`` (settle, touch), or drop it (None)."""
+    """Change a gateway's entry in a rule's book by ``delta`` and keep it another ``ttl_ms``.
+
+    Applied at most once per ``batch`` (so a call whose reply was lost can be sent again). An
+    entry the store no longer has (it expired, or the store lost it) is made again at ``keep``,
+    what the gateway means it to be after this update. ``grant``: first take back that growth,
+    if it was made and not yet taken back (its admission's answer was lost)."""
 
     key: str
-    id: str
-    amount: int | None
-    ttl_ms: int = 0
+    owner: str
+    delta: int
+    keep: int
+    ttl_ms: int
+    grant: str = ""
+    batch: str = ""
 
 
 class Decision(msgspec.Struct, frozen=True):
@@ -89,7 +112,7 @@ class Decision(msgspec.Struct, frozen=True):
     retry_after: float = 0.0
     """Seconds until ``refused_by`` can hold its charge."""
     refused_hold: int | None = None
-    """When a budget rule refused: the index of its hold; ``excess`` says by how much."""
+    """When a budget rule refused: the index of its ask; ``excess`` says by how much."""
     excess: int = 0
 
 
@@ -106,9 +129,10 @@ class StoreUnavailable(Exception):
 
 class LimitStore(Protocol):
     async def reserve(self, charges: Sequence[Charge], holds: Sequence[Hold] = ()) -> Decision:
-        """Take every charge and place every hold, atomically, or none; one round trip.
+        """Take every charge and make every growth, atomically, or none; one round trip.
 
-        Budget holds are judged first: a refusal names the first hold that does not fit."""
+        Budget asks are judged first: a refusal names the first that does not fit. The store
+        sets each ask's ``granted`` (0 for all when refused)."""
 
     async def settle(self, charges: Sequence[Charge], batch_id: str | None = None) -> None:
         """Apply signed corrections (refunds capped at capacity); one round trip.
@@ -117,7 +141,8 @@ class LimitStore(Protocol):
         sent again under the same ``batch_id`` only once (so a failed call can be retried)."""
 
     async def update_holds(self, updates: Sequence[HoldUpdate]) -> None:
-        """Apply hold updates (settle, touch, drop); one round trip per tenant's hash tag."""
+        """Apply entry updates (deltas, touches, undone grants), each batch once; one round
+        trip per tenant's hash tag."""
 
     async def ping(self) -> bool:
         """Whether the store answers now (for readiness probes)."""

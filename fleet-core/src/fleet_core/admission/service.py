@@ -3,8 +3,9 @@
 At admission a request reserves 1 request and its token estimate (prompt tokens the gateway
 counted + ``max_tokens``, or the policy's default when absent) from every bucket that applies, in
 one store call, all or nothing. When the request is over, it is settled to what it really used in
-one more call: the unused part refunded, an overrun charged. Budget rules are held in the same
-store call as the buckets (`budgets`), and their holds settled, touched and dropped alongside.
+one more call: the unused part refunded, an overrun charged. Budget rules are reserved from this
+gateway's allowance in each rule's book (`budgets`), grown in the same store call as the buckets
+when it does not cover a request, and updated alongside the settlements.
 Settlement runs in the background so it never delays a response; settlements close together
 share one store call per tenant.
 
@@ -19,7 +20,7 @@ way, for at most `DRAIN_S` however dead the store; what is left then is counted 
 
 A reservation whose waiter is cancelled (the client left, or shutdown) while its store call is on
 the wire is given back by the store when the answer arrives (`store.BatchingStore`); its budget
-holds are dropped here.
+reservation is given back here.
 """
 
 from __future__ import annotations
@@ -66,9 +67,10 @@ LEARN_TIMEOUT_S = 5.0
 """How long a request waits for the first figures of a rule it is subject to (a new rule)."""
 SETTLE_WINDOW_S = 0.01
 """How long a settlement waits for others to share its round trip. Under load every window
-costs two store calls (the token refunds and the budget holds), whatever the number of requests
-it settles, so a wider window means fewer calls per request; a refund then lands up to this much
-later, which can only err on the side of refusing, for a moment, against per-minute buckets."""
+costs at most two store calls (the token refunds and the budget entries' updates), whatever the
+number of requests it settles, so a wider window means fewer calls per request; a refund then
+lands up to this much later, which can only err on the side of refusing, for a moment, against
+per-minute buckets."""
 SETTLE_RETRY_FIRST_S = 0.5
 """The wait before a failed settlement batch is first sent again; it doubles on each failure."""
 SETTLE_RETRY_MAX_S = 10.0
@@ -128,7 +130,11 @@ class Admission:
         self._prefix = prefix
         self._on_store_error = on_store_error
         self._pending: dict[Bucket, int] = {}
-        self._pending_holds: dict[tuple[str, str], HoldUpdate] = {}
+        self._pending_holds: dict[tuple[str, str, str], HoldUpdate] = {}
+        """Entry updates waiting for the next flush, summed per (book, owner, grant)."""
+        self._unsent_holds: deque[list[HoldUpdate]] = deque()
+        """Entry-update batches the store failed to take (each under its batch id), oldest
+        first: sent again with the next flush, applied once however often sent."""
         self._flusher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         """Settlements under way: drain awaits them."""
@@ -179,9 +185,10 @@ class Admission:
     async def admit(self, principal: Principal, demand: Amounts) -> Reservation:
         """Reserve or refuse: 403 inactive, 429 naming the limit or budget rule, 400 never fits.
 
-        Budget holds and token buckets are taken in one store call, all or nothing, so
+        A request whose budget rules this gateway's slack covers takes it here; otherwise its
+        allowance grows and the token buckets are taken in one store call, all or nothing, so
         concurrent requests on any gateway cannot all pass one check. A reservation that does
-        not complete (refused, store down, caller cancelled) gives its holds back.
+        not complete (refused, store down, caller cancelled) is given back.
         """
         self._directory.check_active(principal)
         tokens = demand.tokens_input + demand.tokens_output
@@ -203,6 +210,11 @@ class Admission:
             if hold is not None:
                 self._queue_holds(self._budgets.release(hold))
             raise
+        if asks and hold is not None and not self._budgets.placed(hold):
+            # The store did not answer and admission fails open: whether this gateway's
+            # allowance grew is unknown, so the growth is taken back and the request is unheld.
+            self._queue_holds(self._budgets.release(hold))
+            hold = None
         return Reservation(principal, tokens, charges, hold)
 
     async def _reserve(
@@ -295,7 +307,7 @@ class Admission:
         ) from exc
 
     def settle(self, reservation: Reservation, used: Amounts, *, request_id: str) -> None:
-        """Correct the token buckets and budget holds to what was used, in the background.
+        """Correct the token buckets and budget allowances to what was used, in the background.
 
         Corrections that arrive within ``SETTLE_WINDOW_S`` of each other are summed per bucket
         and sent as one store call per tenant (its buckets share one hash tag): under load many
@@ -304,7 +316,7 @@ class Admission:
         """
         if reservation.hold is not None:
             grown = self._budgets.settle(reservation.hold, used, request_id=request_id)
-            if grown:  # usually not: a hold settled within its reservation is not rewritten
+            if grown:  # usually not: only a use past the reservation and the slack together
                 self._queue_holds(grown)
         else:
             principal = reservation.principal
@@ -319,20 +331,30 @@ class Admission:
         self._flush_later()
 
     def budgets_refreshed(self, used: Mapping[str, int], started_at: float) -> None:
-        """New rollup figures: drop the holds every gateway now reads in the rollups."""
+        """New rollup figures: take what every gateway now reads in the rollups out of this
+        gateway's allowances, and give back slack recent use does not need."""
         self._queue_holds(self._budgets.refreshed(used, started_at=started_at))
 
     def keep_holds(self) -> None:
-        """Write this gateway's holds again before they expire (`budgets.BudgetBook.touches`)."""
+        """Write this gateway's allowances again before they expire (`BudgetBook.touches`),
+        and send again entry updates the store failed to take."""
         self._queue_holds(self._budgets.touches())
+        if self._unsent_holds:
+            self._flush_later(retry=True)
 
     def _queue_holds(self, updates: Sequence[HoldUpdate]) -> None:
-        for update in updates:  # the latest update of a hold wins: each one sets it whole
-            self._pending_holds[(update.key, update.id)] = update
+        pending = self._pending_holds
+        for update in updates:  # deltas add up; the latest whole figure and longest ttl win
+            slot = (update.key, update.owner, update.grant)
+            seen = pending.get(slot)
+            if seen is not None:
+                delta, ttl_ms = seen.delta + update.delta, max(seen.ttl_ms, update.ttl_ms)
+                update = msgspec.structs.replace(update, delta=delta, ttl_ms=ttl_ms)
+            pending[slot] = update
         self._flush_later()
 
-    def _flush_later(self) -> None:
-        if (self._pending or self._pending_holds) and self._flusher is None:
+    def _flush_later(self, *, retry: bool = False) -> None:
+        if (self._pending or self._pending_holds or retry) and self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
             self._track(self._flusher)
 
@@ -345,20 +367,33 @@ class Admission:
 
     async def _flush(self) -> None:
         pending, self._pending = self._pending, {}
-        holds, self._pending_holds = list(self._pending_holds.values()), {}
+        holds = list(self._unsent_holds)
+        self._unsent_holds.clear()
+        if self._pending_holds:
+            batch = uuid.uuid4().hex
+            fresh = self._pending_holds.values()
+            holds.append([msgspec.structs.replace(u, batch=batch) for u in fresh])
+            self._pending_holds = {}
         batches = _batches(pending)
         self._sending.update(batches)  # until each lands or is kept, even if cut short unstarted
         await asyncio.gather(
             *(self._settle(batch) for batch in batches),
-            *([self._update_holds(holds)] if holds else []),
+            *(self._update_holds(updates) for updates in holds),
         )
 
     async def _update_holds(self, updates: list[HoldUpdate]) -> None:
+        landed = False
         try:
             await self._store.update_holds(updates)
+            landed = True
         except StoreUnavailable as exc:
             self._metrics.store_error()
-            log.warning("could not update budget holds (they expire on their own): %s", exc)
+            log.warning("could not update budget allowances (kept for a retry): %s", exc)
+        finally:  # failed, or cut short: it may not have run; its batch id makes a resend safe
+            if not landed and not self._closing:
+                if len(self._unsent_holds) >= UNSETTLED_CAP:
+                    self._unsent_holds.popleft()  # its entries expire on their own (ttl_s)
+                self._unsent_holds.append(updates)
 
     async def _settle(self, batch: _Batch) -> None:
         landed = False
@@ -446,6 +481,7 @@ class Admission:
         self._unsettled.clear()
         self._sending.clear()
         self._pending, self._pending_holds = {}, {}
+        self._unsent_holds.clear()  # this gateway's entries expire on their own (ttl_s)
         if not unsent:
             return
         for _ in unsent:

@@ -4,8 +4,8 @@
 keeps them in Redis, so that every gateway process draws on the same buckets; each reserve and each
 settle is one Lua script call (one round trip, atomic across all of a request's buckets), timed by
 Redis's own clock. Both decide with the same arithmetic (`buckets`, which the scripts mirror).
-Budget holds live beside the buckets in the same store and are placed in the same call, so in
-Redis every gateway sees every other's holds (`limits.Hold`).
+Budget books (one entry per gateway process per rule: `limits.Hold`) live beside the buckets in
+the same store and grow in the same call, so in Redis every gateway sees every other's.
 
 This is the only module that talks to Redis for admission, so it is where Redis's exceptions
 become `StoreUnavailable`; what to do then (admit or refuse) is the policy's business, not ours.
@@ -80,15 +80,32 @@ def settled_key(bucket: str, batch_id: str) -> str:
     return f"{bucket}:settled:{batch_id}"
 
 
+SLACK_SHARE = 16
+"""A growth's slack is at most this share of the rule's room after its need (lib_holds.lua)."""
+GRANT_TTL_S = 600.0
+"""How long a growth's marker lives, for its undo (lib_holds.lua's MARK_TTL_MS)."""
+UNDONE = -1
+"""A grant marker's value once its growth was taken back (or given up before it came)."""
+
+
 @dataclass
 class _Book:
-    """One budget rule's holds in process memory: amount and expiry (clock reading) per hold."""
+    """One budget rule's book in process memory: per gateway, its entry and expiry (clock)."""
 
     holds: dict[str, tuple[int, float]]
 
     def live(self, now: float) -> int:
         self.holds = {i: h for i, h in self.holds.items() if h[1] > now}
         return sum(amount for amount, _ in self.holds.values())
+
+    def change(self, owner: str, delta: int, again: int, expires: float) -> None:
+        """lib_holds.lua's ``change``: by ``delta`` (never below 0), or made again at
+        ``again`` when gone (if ``again`` >= 0)."""
+        old = self.holds.get(owner)
+        if old is not None:
+            self.holds[owner] = (max(0, old[0] + delta), expires)
+        elif again >= 0:
+            self.holds[owner] = (again, expires)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +123,10 @@ class MemoryStore:
         self._clock = clock
         self._states: dict[str, _State] = {}
         self._books: dict[str, _Book] = {}
+        self._grants: dict[tuple[str, str], tuple[int, float]] = {}
+        """(book, grant id) -> (what the growth made, or UNDONE; when the marker expires)."""
+        self._batches: set[str] = set()
+        """Hold-update batches applied (the process never loses a reply; kept for the mirror)."""
         self._next_sweep = clock() + SWEEP_INTERVAL_S
 
     def __len__(self) -> int:
@@ -114,34 +135,60 @@ class MemoryStore:
 
     async def reserve(self, charges: Sequence[Charge], holds: Sequence[Hold] = ()) -> Decision:
         now = self._now()
+        decision = self._judge(charges, holds, now)
+        for hold in holds:
+            hold.granted = 0
+        if not decision.admitted:
+            return decision
+        for charge, level in zip(*self._levels(charges, now), strict=True):
+            self._write(charge, level, now)
+        for hold in holds:
+            book = self._book(hold.key)
+            room = hold.limit - hold.base - book.live(now) - hold.need
+            grown = hold.need + max(0, min(hold.extra, room // SLACK_SHARE))
+            if grown > 0:
+                book.change(hold.owner, grown, hold.keep + grown, now + hold.ttl_ms / 1000)
+                self._grants[(hold.key, hold.grant)] = (grown, now + GRANT_TTL_S)
+            hold.granted = grown
+        return ADMITTED
+
+    def _judge(self, charges: Sequence[Charge], holds: Sequence[Hold], now: float) -> Decision:
+        if holds and self._grants.get((holds[0].key, holds[0].grant), (0,))[0] == UNDONE:
+            return Decision(False, refused_hold=0, excess=0)  # its gateway gave it up
         for index, hold in enumerate(holds):
-            excess = hold.base + self._book(hold.key).live(now) + hold.amount - hold.limit
-            if excess > 0:
+            excess = hold.base + self._book(hold.key).live(now) + hold.need - hold.limit
+            if hold.need > 0 and excess > 0:
                 return Decision(False, refused_hold=index, excess=excess)
-        merged = _merged(charges)
-        levels = [self._level(charge, now) for charge in merged]
+        merged, levels = self._levels(charges, now)
         refusal = buckets.admit(
             levels, [charge.amount for charge in merged], [c.bucket.capacity for c in merged]
         )
         if refusal is not None:
             return Decision(False, merged[refusal.index].bucket, refusal.retry_after)
-        for charge, level in zip(merged, levels, strict=True):
-            self._write(charge, level, now)
-        for hold in holds:
-            self._book(hold.key).holds[hold.id] = (hold.amount, now + hold.ttl_ms / 1000)
         return ADMITTED
 
+    def _levels(self, charges: Sequence[Charge], now: float) -> tuple[list[Charge], list[float]]:
+        merged = _merged(charges)
+        return merged, [self._level(charge, now) for charge in merged]
+
     async def update_holds(self, updates: Sequence[HoldUpdate]) -> None:
+        """As holds.lua: each batch once (a batch id seen before is skipped)."""
         now = self._now()
+        batches = {update.batch for update in updates if update.batch}
+        if batches & self._batches:
+            return
+        self._batches |= batches
         for update in updates:
-            book = self._book(update.key)
-            if update.amount is None:
-                book.holds.pop(update.id, None)
-            else:
-                book.holds[update.id] = (update.amount, now + update.ttl_ms / 1000)
+            delta = update.delta
+            if update.grant:
+                grown, _ = self._grants.get((update.key, update.grant), (0, 0.0))
+                delta -= max(0, grown)
+                self._grants[(update.key, update.grant)] = (UNDONE, now + GRANT_TTL_S)
+            expires = now + update.ttl_ms / 1000
+            self._book(update.key).change(update.owner, delta, update.keep, expires)
 
     def held(self, key: str) -> int:
-        """The live sum of a rule's holds (for tests and checks)."""
+        """The live sum of a rule's entries (for tests and checks)."""
         return self._book(key).live(self._now())
 
     def _book(self, key: str) -> _Book:
@@ -159,6 +206,7 @@ class MemoryStore:
     async def aclose(self) -> None:
         self._states.clear()
         self._books.clear()
+        self._grants.clear()
 
     def _now(self) -> float:
         now = self._clock()
@@ -167,6 +215,8 @@ class MemoryStore:
             for book in self._books.values():
                 book.live(now)
             self._books = {key: book for key, book in self._books.items() if book.holds}
+            self._grants = {key: g for key, g in self._grants.items() if g[1] > now}
+            self._batches.clear()  # a batch is sent again within seconds, never a sweep later
             self._next_sweep = now + SWEEP_INTERVAL_S
         return now
 
@@ -201,34 +251,45 @@ class RedisStore:
         return decision
 
     async def reserve_many(self, reservations: Sequence[Ask]) -> list[Decision]:
-        """Judge several reservations in order, in one script call (all keys of one tenant)."""
+        """Judge several reservations in order, in one script call (all keys of one tenant);
+        each ask's ``granted`` is set from the reply."""
         merged = [(_merged(charges), holds) for charges, holds in reservations]
         sent = [(m, h) for m, h in merged if m or h]
         if not sent:
             return [ADMITTED for _ in merged]
         keys, args = _admit_call(sent)
         reply = iter(await self._run(self._admit, keys, args))
-        return [
-            _decision([next(reply), next(reply), next(reply)], m) if m or h else ADMITTED
-            for m, h in merged
-        ]
+        with_asks = any(holds for _, holds in sent)
+        decisions = []
+        for m, holds in merged:
+            if not (m or holds):
+                decisions.append(ADMITTED)
+                continue
+            decisions.append(_decision([next(reply), next(reply), next(reply)], m))
+            if with_asks:
+                for ask in holds:
+                    ask.granted = next(reply)
+        return decisions
 
     async def update_holds(self, updates: Sequence[HoldUpdate]) -> None:
+        """Apply ``updates`` once per batch id (each update's ``batch``; all of one call share
+        one), one script call per hash tag, however often a batch is sent."""
         by_book: dict[str, list[HoldUpdate]] = {}
         for update in updates:
             by_book.setdefault(update.key, []).append(update)
         by_tag: dict[str, list[str]] = {}
         for book in by_book:
             by_tag.setdefault(hash_tag(book), []).append(book)
+        fresh = uuid.uuid4().hex
         for books in by_tag.values():
-            keys = [k for book in books for k in (book, expiry_key(book))]
-            args: list[int | str] = []
+            batch = by_book[books[0]][0].batch or fresh
+            keys = [settled_key(books[0], batch)]
+            args: list[int | str] = [SETTLED_TTL_S]
             for book in books:
+                keys += (book, expiry_key(book))
                 args.append(len(by_book[book]))
                 args += [
-                    v
-                    for u in by_book[book]
-                    for v in (u.id, -1 if u.amount is None else u.amount, u.ttl_ms)
+                    v for u in by_book[book] for v in (u.owner, u.delta, u.keep, u.ttl_ms, u.grant)
                 ]
             await self._run(self._holds, keys, args)
 
@@ -424,7 +485,7 @@ def _admit_call(sent: Sequence[Ask]) -> tuple[list[str], list[int | str]]:
             if rule is None:
                 rule = books_at[hold.key] = len(books_at) + 1
                 rules += (hold.limit, hold.base)
-            body += (rule, hold.id, hold.amount, hold.ttl_ms)
+            body += (rule, hold.owner, hold.grant, hold.need, hold.extra, hold.keep, hold.ttl_ms)
     keys = list(buckets_at)
     for book in books_at:
         keys += (book, expiry_key(book))

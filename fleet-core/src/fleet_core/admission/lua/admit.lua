@@ -1,24 +1,27 @@
--- Admit requests against their buckets and budget holds, each all or nothing, in one round trip.
+-- Admit requests against their buckets and budget rules, each all or nothing, in one round trip.
 --
 -- One call carries one or more reservations (the gateway batches the reservations of one tenant
 -- that arrive in the same event-loop tick); they are judged in order, each seeing the levels and
--- holds the ones before it left, exactly as if they had come one call each.
+-- entries the ones before it left, exactly as if they had come one call each.
 --
 -- KEYS[1..B]        the buckets: each a hash {level, ts}; absent means full.
--- KEYS[B+2r-1], KEYS[B+2r]   budget rule r's book: a hash {sum, <hold id> = amount} and a sorted
---                   set <hold id> -> expiry (ms). All keys share the tenant's hash tag.
+-- KEYS[B+2r-1], KEYS[B+2r]   budget rule r's book: a hash {sum, <owner> = amount} and a sorted
+--                   set <owner> -> expiry (ms). All keys share the tenant's hash tag.
 -- ARGV[#ARGV]       H, the number of budget rules (so B = #KEYS - 2H); read first
 -- ARGV[1..B]        bucket i's capacity (per minute; it refills capacity/60 per second)
 -- then              for each rule: its limit and its base (what the rollups count)
 -- then              R, the number of reservations; for each: n and n pairs (bucket index, amount
---                   to take), then, only when H > 0, m and m quads (rule index, hold id, amount,
---                   ttl_ms). Without rules the arguments are the bucket-only ones plus the final 0.
+--                   to take), then, only when H > 0, m and m asks of seven (rule index, owner,
+--                   grant id, need, extra, keep: the entry as its gateway means it before this
+--                   growth, ttl_ms). Without rules the arguments are the bucket-only ones and 0.
 --
--- Returns three numbers per reservation: {1, 0, 0} when every hold fit and every bucket held its
--- amount (all were taken); {2, k, excess} when hold k would take its rule past the limit (by
--- excess); else {0, j, retry_ms}: j is the reservation's refusing pair with the longest wait,
--- retry_ms that wait rounded up (-1: never fits). A refused reservation takes nothing.
--- Time is Redis's own (TIME), so every gateway shares one clock; expired holds are dropped first.
+-- Returns per reservation three numbers, then (only when H > 0) one per ask: what it grew.
+-- {1, 0, 0} when every ask fit and every bucket held its amount (all were taken); {2, k, excess}
+-- when ask k would take its rule past the limit (by excess; excess 0: its gateway gave the
+-- growth up already, see lib_holds.lua's undo); else {0, j, retry_ms}: j is the reservation's
+-- refusing pair with the longest wait, retry_ms that wait rounded up (-1: never fits). A refused
+-- reservation takes nothing and grows nothing (its grants are 0).
+-- Time is Redis's own (TIME), so every gateway shares one clock; expired entries are dropped first.
 --
 -- A Redis script cannot include another, so the helpers shared with settle.lua (lib_buckets.lua:
 -- they repeat fleet_core/admission/buckets.py operation for operation) and with holds.lua
@@ -38,7 +41,7 @@ local PURGE_MAX = 100
 
 -- #include lib_holds.lua
 
--- The book's live sum, after dropping (at most PURGE_MAX of) the holds that expired.
+-- The book's live sum, after dropping (at most PURGE_MAX of) the entries that expired.
 local function held(book, expiry, now_ms)
   drop_many(book, expiry, redis.call('ZRANGEBYSCORE', expiry, '-inf', now_ms, 'LIMIT', 0, PURGE_MAX))
   return tonumber(redis.call('HGET', book, 'sum') or '0')
@@ -53,30 +56,38 @@ for i = 1, count do
   capacities[i] = tonumber(ARGV[i])
   levels[i] = current(KEYS[i], capacities[i], now)
 end
-local limits, sums, placed = {}, {}, {}
+local limits, sums = {}, {}
 for r = 1, rules do
   limits[r] = tonumber(ARGV[count + 2 * r - 1]) - tonumber(ARGV[count + 2 * r])
   sums[r] = held(KEYS[count + 2 * r - 1], KEYS[count + 2 * r], now_ms)
-  placed[r] = {}
 end
 local pos = count + 2 * rules + 1
+local ASK = 7
 
 local out = {}
 for _ = 1, tonumber(ARGV[pos]) do
   local n = tonumber(ARGV[pos + 1])
   local pairs_at = pos + 1
-  local m, quads_at = 0, pairs_at + 2 * n
+  local m, asks_at = 0, pairs_at + 2 * n
   if rules > 0 then
-    quads_at = quads_at + 1
-    m = tonumber(ARGV[quads_at])
+    asks_at = asks_at + 1
+    m = tonumber(ARGV[asks_at])
   end
   local verdict, which, figure = 1, 0, 0
+  if m > 0 then
+    local r = tonumber(ARGV[asks_at + 1])
+    if redis.call('EXISTS', grant_key(KEYS[count + 2 * r - 1], ARGV[asks_at + 3])) == 1 then
+      verdict, which = 2, 1 -- its gateway undid this growth before it came: refuse it
+    end
+  end
   for k = 1, m do
-    local r, amount = tonumber(ARGV[quads_at + 4 * k - 3]), tonumber(ARGV[quads_at + 4 * k - 1])
-    local excess = sums[r] + amount - limits[r]
-    if excess > 0 then
-      verdict, which, figure = 2, k, excess
+    if verdict ~= 1 then
       break
+    end
+    local r, need = tonumber(ARGV[asks_at + ASK * (k - 1) + 1]), tonumber(ARGV[asks_at + ASK * (k - 1) + 4])
+    local excess = sums[r] + need - limits[r]
+    if need > 0 and excess > 0 then
+      verdict, which, figure = 2, k, excess
     end
   end
   if verdict == 1 then
@@ -97,31 +108,38 @@ for _ = 1, tonumber(ARGV[pos]) do
       end
     end
   end
+  out[#out + 1], out[#out + 2], out[#out + 3] = verdict, which, figure
   if verdict == 1 then
     for j = 1, n do
       local i, amount = tonumber(ARGV[pairs_at + 2 * j - 1]), tonumber(ARGV[pairs_at + 2 * j])
       levels[i] = math.min(capacities[i], levels[i] - amount)
       touched[i] = true
     end
-    for k = 1, m do
-      local at = quads_at + 4 * k - 4
-      local r, amount = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 3])
-      placed[r][#placed[r] + 1] = {ARGV[at + 2], amount, tonumber(ARGV[at + 4])}
-      sums[r] = sums[r] + amount
-    end
   end
-  out[#out + 1], out[#out + 2], out[#out + 3] = verdict, which, figure
-  pos = quads_at + 4 * m
+  for k = 1, m do
+    local at = asks_at + ASK * (k - 1)
+    local grown = 0
+    if verdict == 1 then
+      local r, need, extra = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5])
+      local room = limits[r] - sums[r] - need
+      grown = need + math.max(0, math.min(extra, math.floor(room / SLACK_SHARE)))
+      if grown > 0 then
+        local book = KEYS[count + 2 * r - 1]
+        local again = tonumber(ARGV[at + 6]) + grown
+        change(book, KEYS[count + 2 * r], ARGV[at + 2], grown, again, tonumber(ARGV[at + 7]), now_ms)
+        redis.call('SET', grant_key(book, ARGV[at + 3]), string.format('%d', grown), 'PX', MARK_TTL_MS)
+        sums[r] = sums[r] + grown
+      end
+    end
+    out[#out + 1] = grown
+  end
+  pos = asks_at + ASK * m
 end
 
 for i = 1, count do
   if touched[i] then
     store(KEYS[i], levels[i], capacities[i], now)
   end
-end
--- The admitted holds, placed a book at a time (the verdicts above counted them in sums).
-for r = 1, rules do
-  apply(KEYS[count + 2 * r - 1], KEYS[count + 2 * r], placed[r], now_ms)
 end
 keep_books()
 return out

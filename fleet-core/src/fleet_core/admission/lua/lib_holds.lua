@@ -1,16 +1,20 @@
--- Budget-hold helpers shared by admit.lua and holds.lua. Not a script of its own: the store
+-- Budget-allowance helpers shared by admit.lua and holds.lua. Not a script of its own: the store
 -- (`store.script_source`) puts this text where a script says `-- #include lib_holds.lua`, since a
 -- Redis script cannot include another. store.MemoryStore mirrors them: change both together.
 --
--- A book is a hash {sum, <hold id> = amount} with a sorted set <hold id> -> expiry (ms) beside it.
+-- A book is a hash {sum, <owner> = amount} with a sorted set <owner> -> expiry (ms) beside it:
+-- one entry per gateway process (its allowance), not one per request. Entries change only by
+-- signed deltas, which commute, so calls from one gateway's pooled connections may land in any
+-- order and still sum to what it meant; each call is applied at most once (holds.lua's batch
+-- marker, the grant markers below), so a call sent again after a lost reply is not counted twice.
 --
--- Holds are put and dropped a book at a time (`put_many`, `drop_many`): a few commands per book
--- and call, whatever the number of holds (a settlement window or a budget refresh carries
--- hundreds), rather than four per hold. Commands take at most CHUNK holds each (Lua's unpack
--- has a limit). When one id comes several times in a call, its last update is the one that
--- counts, as if they had been applied one by one.
+-- A growth (admit.lua) leaves a marker <book>:grant:<id> = amount grown, so that its gateway,
+-- when the answer was lost, can take it back exactly once (`undo`); an undo that comes first
+-- leaves 'x' there, and the growth, arriving later, is refused. Marker keys are made here from
+-- the book's name, so they share its hash tag (and Cluster slot).
 
-local CHUNK = 1000
+local SLACK_SHARE = 16 -- a growth's slack is at most this share of the room left after its need
+local MARK_TTL_MS = 600000 -- how long a grant's marker lives: longer than its undo is retried
 
 -- HINCRBY takes integers only; Lua would send 0 negated as "-0", which it refuses.
 local function add(book, delta)
@@ -25,9 +29,8 @@ local function keep(key, ttl_ms)
   end
 end
 
--- The books a script put holds in, each with the longest ttl it was given, in first-put order:
--- `keep_books` extends each book (and its expiry set) once at the end of the script, rather than
--- after every put (a batch puts many holds in one book; the keys end with the same ttl).
+-- The books a script wrote, each with the longest ttl it was given, in first-write order:
+-- `keep_books` extends each book (and its expiry set) once at the end of the script.
 local kept_order, kept_ttl, kept_expiry = {}, {}, {}
 
 local function note(book, expiry, ttl_ms)
@@ -45,65 +48,57 @@ local function keep_books()
   end
 end
 
--- Set holds ids[i] to amounts[i] (integers), each expiring ttls[i] ms from now_ms. The ids must
--- be distinct (`last_of` makes them so).
-local function put_many(book, expiry, ids, amounts, ttls, now_ms)
-  for first = 1, #ids, CHUNK do
-    local last = math.min(#ids, first + CHUNK - 1)
-    local olds = redis.call('HMGET', book, unpack(ids, first, last))
-    local fields, scores, delta = {}, {}, 0
-    for i = first, last do
-      local id, amount = ids[i], amounts[i]
-      fields[#fields + 1], fields[#fields + 2] = id, string.format('%d', amount)
-      scores[#scores + 1], scores[#scores + 2] = now_ms + ttls[i], id
-      delta = delta + amount - tonumber(olds[i - first + 1] or '0')
-      note(book, expiry, ttls[i])
-    end
-    redis.call('HSET', book, unpack(fields))
-    redis.call('ZADD', expiry, unpack(scores))
-    add(book, delta)
-  end
-end
-
--- Drop holds ids (distinct; unknown ones are skipped).
-local function drop_many(book, expiry, ids)
-  for first = 1, #ids, CHUNK do
-    local last = math.min(#ids, first + CHUNK - 1)
-    local amounts = redis.call('HMGET', book, unpack(ids, first, last))
+-- Drop entries (expired ones; unknown ones are skipped), a chunk at a time (unpack's limit).
+local CHUNK = 1000
+local function drop_many(book, expiry, owners)
+  for first = 1, #owners, CHUNK do
+    local last = math.min(#owners, first + CHUNK - 1)
+    local amounts = redis.call('HMGET', book, unpack(owners, first, last))
     local freed = 0
     for _, amount in ipairs(amounts) do
       freed = freed + tonumber(amount or '0')
     end
-    redis.call('ZREM', expiry, unpack(ids, first, last))
-    redis.call('HDEL', book, unpack(ids, first, last))
+    redis.call('ZREM', expiry, unpack(owners, first, last))
+    redis.call('HDEL', book, unpack(owners, first, last))
     add(book, -freed)
   end
 end
 
--- Updates (id, amount or -1 to drop, ttl_ms) in order, as the puts and drops they come to: the
--- last update of each id wins, as it would applied one at a time.
-local function last_of(updates)
-  local at, ids = {}, {}
-  for i, update in ipairs(updates) do
-    if at[update[1]] == nil then
-      ids[#ids + 1] = update[1]
-    end
-    at[update[1]] = i
+-- Change owner's entry by delta (never below 0) and keep it ttl_ms from now_ms. An entry that is
+-- gone (expired, or lost with the store) is made again at `again`, the gateway's whole figure
+-- after this change, when that is >= 0, and left gone otherwise: a bare delta never makes an
+-- entry, so one landing after its entry was made again is not counted twice.
+local function change(book, expiry, owner, delta, again, ttl_ms, now_ms)
+  local old = redis.call('HGET', book, owner)
+  local new
+  if old then
+    old = tonumber(old)
+    new = math.max(0, old + delta)
+  elseif again >= 0 then
+    old, new = 0, again
+    redis.call('HSET', book, owner, string.format('%d', new))
+  else
+    return
   end
-  local puts, amounts, ttls, drops = {}, {}, {}, {}
-  for _, id in ipairs(ids) do
-    local update = updates[at[id]]
-    if update[2] < 0 then
-      drops[#drops + 1] = id
-    else
-      puts[#puts + 1], amounts[#amounts + 1], ttls[#ttls + 1] = id, update[2], update[3]
-    end
+  if new ~= old then
+    redis.call('HSET', book, owner, string.format('%d', new))
+    add(book, new - old)
   end
-  return puts, amounts, ttls, drops
+  redis.call('ZADD', expiry, now_ms + ttl_ms, owner)
+  note(book, expiry, ttl_ms)
 end
 
-local function apply(book, expiry, updates, now_ms)
-  local puts, amounts, ttls, drops = last_of(updates)
-  drop_many(book, expiry, drops)
-  put_many(book, expiry, puts, amounts, ttls, now_ms)
+local function grant_key(book, id)
+  return book .. ':grant:' .. id
+end
+
+-- Take back growth `id` of this book if it was made and not yet taken back: the amount to take.
+local function undo(book, id)
+  local marker = grant_key(book, id)
+  local grown = redis.call('GET', marker)
+  redis.call('SET', marker, 'x', 'PX', MARK_TTL_MS)
+  if grown and grown ~= 'x' then
+    return tonumber(grown)
+  end
+  return 0
 end
