@@ -225,7 +225,8 @@ class _Unheld(msgspec.Struct, gc=False):
 
 
 def book_key(rule: BudgetRule, *, prefix: str = "") -> str:
-    """Where a rule's holds live in the store: under its tenant's hash tag, like its buckets."""
+    """Where a rule's book (every gateway's entry) lives in the store: under its tenant's hash
+    tag, like its buckets."""
     tenant = rule.scope_id.partition("/")[0]
     return f"{prefix}fleet:budget:{{{tenant}}}:{rule.id}"
 

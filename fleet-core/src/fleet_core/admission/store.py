@@ -67,7 +67,7 @@ SETTLED_TTL_S = 600
 INCLUDE = "-- #include "
 """A Lua script's line naming a shared helper file to put in its place (`script_source`)."""
 Ask = tuple[Sequence[Charge], Sequence[Hold]]
-"""One reservation: its bucket charges and its budget holds."""
+"""One reservation: its bucket charges and its budget asks (growths of its gateway's entries)."""
 
 
 def expiry_key(book: str) -> str:
