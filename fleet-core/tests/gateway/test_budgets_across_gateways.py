@@ -134,6 +134,25 @@ async def test_requests_in_flight_on_one_gateway_count_on_another(fleet: Fleet) 
     assert served <= 1000, rows
 
 
+async def test_many_requests_at_once_on_two_gateways_stay_within_the_rule(fleet: Fleet) -> None:
+    """Sixteen 400-token streams started together, eight on each gateway, under a 2,000-token
+    rule: each gateway admits from its own allowance in the rule's book, growing it in the
+    admit call when its slack does not cover a request; together they serve what fits (four
+    streams of about 410 tokens: a fifth would pass the rule; one fewer when another gateway's
+    slack is counted against the last), never more."""
+    a, b = await fleet.start(), await fleet.start()
+    await add_rule(fleet, 2000)
+
+    calls = [fleet.chat(gateway, max_tokens=WORDS) for gateway in (a, b) for _ in range(8)]
+    statuses = await asyncio.gather(*calls)
+
+    assert sorted(set(statuses)) == [200, 429], statuses
+    assert 3 <= statuses.count(200) <= 4, statuses
+    rows = await fleet.billed(rows=16)
+    served = sum(tokens for outcome, tokens in rows if outcome == "ok")
+    assert served <= 2000, rows
+
+
 async def test_budgets_hold_from_the_first_request_after_a_restart(fleet: Fleet) -> None:
     """A gateway started while a rule is already used up refuses at once (before, the first
     requests passed until its first background refresh of the rollups)."""
