@@ -3,11 +3,16 @@ frees (memory store, which mirrors the Redis scripts)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from unittest import mock
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from fleet_core.admission import budgets
 from fleet_core.admission.budgets import (
     SLACK_S,
     Amounts,
@@ -341,3 +346,51 @@ def test_the_window_frees_when_enough_old_minutes_slide_out() -> None:
         960 + 60 + 3600 - 1000
     )
     assert free_after(minutes, over_by=200, window_s=3600, now=1000.0) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    limit=st.integers(1, 5_000),
+    base=st.integers(0, 2_000),
+    slack_requests=st.integers(0, 8),
+    steps=st.lists(
+        st.tuples(st.integers(0, 1), st.integers(0, 900), st.integers(0, 3)), max_size=60
+    ),
+)
+def test_two_gateways_never_count_more_than_the_limit(
+    limit: int, base: int, slack_requests: int, steps: list[tuple[int, int, int]]
+) -> None:
+    """Random demands on two gateways sharing one store, under random limits, rollups and slack
+    sizes, with settlements (at most the reservation) and refreshes between: what both count
+    (in flight: the demand; settled: the use) never passes what the rule leaves, and every
+    entry in the store is what its gateway means it to be."""
+    rule = BudgetRule("rule_p", "tenant", "acme", "tokens_total", limit, 3600)
+    with mock.patch.object(budgets, "SLACK_REQUESTS", slack_requests):
+        asyncio.run(_two_gateways(rule, base, steps))
+
+
+async def _two_gateways(rule: BudgetRule, base: int, steps: list[tuple[int, int, int]]) -> None:
+    store = MemoryStore()
+    books = [BudgetBook(), BudgetBook()]
+    flying: list[list[tuple[BudgetHold, int]]] = [[], []]
+    counted, now = 0, 0.0
+    for book in books:
+        book.refreshed({rule.id: base}, started_at=now)
+    for n, (side, demand, then) in enumerate(steps):
+        book = books[side]
+        hold, _ = await admit(store, book, [rule], Amounts(tokens_output=demand))
+        if hold is not None:
+            flying[side].append((hold, demand))
+            counted += demand
+        assert base + counted <= max(rule.limit, base)
+        if then == 1 and flying[side]:  # the oldest here settles, using half its reservation
+            settled, reserved = flying[side].pop(0)
+            counted -= reserved - reserved // 2
+            used = Amounts(tokens_output=reserved // 2)
+            await store.update_holds(book.settle(settled, used, request_id=f"r{n}"))
+        if then == 2:  # a refresh: slack recent admissions do not need is given back
+            now += 0.3
+            await store.update_holds(book.refreshed({rule.id: base}, started_at=now))
+        for other in books:
+            assert store.held(book_key(rule)) >= other.allowance(rule)[0]
+    assert store.held(book_key(rule)) == sum(b.allowance(rule)[0] for b in books)
