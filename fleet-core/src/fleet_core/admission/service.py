@@ -134,7 +134,8 @@ class Admission:
         """Entry updates waiting for the next flush, summed per (book, owner, grant)."""
         self._unsent_holds: deque[list[HoldUpdate]] = deque()
         """Entry-update batches the store failed to take (each under its batch id), oldest
-        first: sent again with the next flush, applied once however often sent."""
+        first: sent again by the next touch (`keep_holds`), applied once however often sent."""
+        self._resending_holds = False
         self._flusher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         """Settlements under way: drain awaits them."""
@@ -339,8 +340,19 @@ class Admission:
         """Write this gateway's allowances again before they expire (`BudgetBook.touches`),
         and send again entry updates the store failed to take."""
         self._queue_holds(self._budgets.touches())
-        if self._unsent_holds:
-            self._flush_later(retry=True)
+        if self._unsent_holds and not self._resending_holds and not self._closing:
+            self._resending_holds = True
+            self._track(asyncio.get_running_loop().create_task(self._resend_holds()))
+
+    async def _resend_holds(self) -> None:
+        """Send the kept entry-update batches again, oldest first, until one fails (once per
+        refresh interval: a dead store is not hammered)."""
+        try:
+            while self._unsent_holds and not self._closing:
+                if not await self._update_holds(self._unsent_holds.popleft()):
+                    return
+        finally:
+            self._resending_holds = False
 
     def _queue_holds(self, updates: Sequence[HoldUpdate]) -> None:
         pending = self._pending_holds
@@ -353,8 +365,8 @@ class Admission:
             pending[slot] = update
         self._flush_later()
 
-    def _flush_later(self, *, retry: bool = False) -> None:
-        if (self._pending or self._pending_holds or retry) and self._flusher is None:
+    def _flush_later(self) -> None:
+        if (self._pending or self._pending_holds) and self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
             self._track(self._flusher)
 
@@ -367,8 +379,7 @@ class Admission:
 
     async def _flush(self) -> None:
         pending, self._pending = self._pending, {}
-        holds = list(self._unsent_holds)
-        self._unsent_holds.clear()
+        holds = []
         if self._pending_holds:
             batch = uuid.uuid4().hex
             fresh = self._pending_holds.values()
@@ -381,7 +392,8 @@ class Admission:
             *(self._update_holds(updates) for updates in holds),
         )
 
-    async def _update_holds(self, updates: list[HoldUpdate]) -> None:
+    async def _update_holds(self, updates: list[HoldUpdate]) -> bool:
+        """Send one batch of entry updates; whether it landed (if not, it is kept)."""
         landed = False
         try:
             await self._store.update_holds(updates)
@@ -393,7 +405,8 @@ class Admission:
             if not landed and not self._closing:
                 if len(self._unsent_holds) >= UNSETTLED_CAP:
                     self._unsent_holds.popleft()  # its entries expire on their own (ttl_s)
-                self._unsent_holds.append(updates)
+                self._unsent_holds.append(updates)  # (in any order: deltas commute)
+        return landed
 
     async def _settle(self, batch: _Batch) -> None:
         landed = False
