@@ -106,7 +106,9 @@ async def test_a_request_with_budget_holds_goes_to_redis_with_them(
     await leased(store, Charge(tpm, 100))
     held = store.held(tpm.key)
     book = f"{tpm.key}:book"
-    hold = Hold(book, "h1", 10, limit=5, base=0, ttl_ms=60_000)  # over its limit: refused
+    hold = Hold(  # a growth past its rule's limit: refused
+        book, "g1", "grant-1", need=10, extra=0, limit=5, base=0, keep=0, ttl_ms=60_000
+    )
     decision = await store.reserve([Charge(tpm, 100)], [hold])
     assert decision.refused_hold == 0
     assert store.held(tpm.key) == held  # the slice was not touched
