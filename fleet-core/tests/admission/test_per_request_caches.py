@@ -5,6 +5,8 @@ comes twice."""
 
 from __future__ import annotations
 
+import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,6 +15,7 @@ from fleet_core.admission.directory import BudgetRule, Catalog, CatalogDirectory
 from fleet_core.admission.keys import Principal
 from fleet_core.admission.limits import Bucket, Charge
 from fleet_core.admission.store import _merged
+from fleet_core.errors import ReservationTooLarge
 
 ALICE = Principal("acme", "research", "k_alice")
 BOB = Principal("acme", "ops", "k_bob")
@@ -63,3 +66,61 @@ def test_merged_charges_sum_per_bucket_in_first_seen_order(pairs: list[tuple[str
     merged = _merged(charges)
     assert {c.bucket.key: c.amount for c in merged} == _reference(charges)
     assert [c.bucket.key for c in merged] == list(_reference(charges))
+
+
+def test_the_directorys_tuple_a_list_and_a_new_snapshots_equal_rules_share_one_rule_set() -> None:
+    """Session 11: a set of rules is found by the identity of the directory's tuple; any other
+    sequence of the same rules (a list, a new snapshot's tuple) reaches the same allowances."""
+    book = BudgetBook()
+    book.refreshed({TENANT.id: 0, RESEARCH.id: 0}, started_at=0.0)
+    directory = CatalogDirectory(Catalog(rules=(TENANT, RESEARCH)))
+    demand = Amounts(tokens_input=1, units=1)
+    first, _ = book.hold(directory.rules(ALICE), demand)
+    again, _ = book.hold(directory.rules(ALICE), demand)
+    listed, _ = book.hold([TENANT, RESEARCH], demand)
+    directory.replace(Catalog(rules=(TENANT, RESEARCH)))  # equal rules, new tuples
+    renewed, _ = book.hold(directory.rules(ALICE), demand)
+    assert first.set is again.set is listed.set is renewed.set
+    assert book.allowance(TENANT)[1] == 4 * demand.get(TENANT.dimension)
+
+
+def test_a_lowered_limit_in_a_new_snapshot_makes_a_new_rule_set_that_withholds_the_slack() -> None:
+    book = BudgetBook()
+    book.refreshed({TENANT.id: 0}, started_at=0.0)
+    directory = CatalogDirectory(Catalog(rules=(TENANT,)))
+    hold, asks = book.hold(directory.rules(ALICE), Amounts(tokens_input=10))
+    asks[0].granted = asks[0].need + 90  # the store granted 90 of slack
+    assert book.placed(hold)
+    book.release(hold)
+    lowered = msgspec.structs.replace(TENANT, limit=500)
+    directory.replace(Catalog(rules=(lowered,)))
+    later, more = book.hold(directory.rules(ALICE), Amounts(tokens_input=10))
+    assert later.set is not hold.set
+    assert [ask.need for ask in more] == [10]  # the slack granted under 1000 is not spent
+
+
+def test_knows_follows_each_refresh_even_for_a_rule_set_known_before() -> None:
+    book = BudgetBook()
+    rules = (TENANT, RESEARCH)
+    assert not book.knows(rules)
+    book.refreshed({TENANT.id: 0, RESEARCH.id: 0}, started_at=0.0)
+    assert book.knows(rules)
+    assert book.knows(rules)  # known in this refresh: no look-up of the ids
+    book.refreshed({TENANT.id: 0}, started_at=1.0)  # RESEARCH deleted meanwhile
+    assert not book.knows(rules)
+    assert book.knows((TENANT,))
+
+
+@given(st.integers(0, 2000), st.integers(0, 2000), st.integers(0, 2000), st.integers(0, 1200))
+def test_check_refuses_exactly_the_demands_over_a_rules_whole_limit(
+    tokens_input: int, tokens_output: int, units: int, cached: int
+) -> None:
+    book = BudgetBook()
+    demand = Amounts(tokens_input, tokens_output, min(cached, tokens_input), units)
+    rules = (TENANT, RESEARCH, OPS)
+    over = [rule for rule in rules if demand.get(rule.dimension) > rule.limit]
+    if not over:
+        book.check(rules, demand)
+        return
+    with pytest.raises(ReservationTooLarge, match=f"budget rule {over[0].id} "):
+        book.check(rules, demand)
