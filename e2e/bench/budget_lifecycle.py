@@ -3,9 +3,11 @@ commit per 100 records, a refresh every 2,000 requests, on three rules (the data
 
 Usage: python -m bench.budget_lifecycle [REQUESTS] [RUNS]   (PYTHONPATH=e2e)
 Prints the median, fastest and slowest microseconds per request over RUNS runs. Not part of
-``make bench``: a figure for ADR 0004, steadier than the whole gateway's on a shared machine
-(the garbage collector is off, as a request's objects die by reference count). The store is not
-called: a growth the book asks for is granted at once, as Redis would.
+``make bench``: a figure for ADR 0004 (the garbage collector is off, as a request's objects die
+by reference count). The store is not called: a growth the book asks for is granted at once, as
+Redis would. On a shared machine the times drift by a third between minutes; for a figure that
+does not, count instructions: ``valgrind --tool=callgrind python -m bench.budget_lifecycle N 1``
+for two N, and divide the difference of the totals by the difference of the Ns.
 """
 
 from __future__ import annotations
