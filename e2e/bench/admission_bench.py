@@ -41,6 +41,7 @@ from bench.gateway_bench import (
     load,
     median,
     process,
+    rotated,
     summary,
 )
 from fleet_core.admission.limits import Bucket, Charge
@@ -176,7 +177,7 @@ def run() -> dict[str, object]:
             )
             for round_ in range(ROUNDS):
                 for cell in CELLS:
-                    for name, target, key in targets:
+                    for name, target, key in rotated(targets, round_):
                         samples.setdefault(name, {}).setdefault(cell, []).append(
                             load(target, cell, key)
                         )

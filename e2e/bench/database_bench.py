@@ -47,6 +47,7 @@ from bench.gateway_bench import (
     load_average,
     median,
     process,
+    rotated,
 )
 from bench.ledger_bench import scratch_database
 from bench.waiting import wait_for
@@ -232,7 +233,7 @@ def run(rows: int = ROWS) -> dict[str, object]:
         with gateways(database, redis) as targets:
             for round_ in range(ROUNDS):
                 for cell in CELLS:
-                    for target in targets:
+                    for target in rotated(targets, round_):
                         samples.setdefault(target.name, {}).setdefault(cell, []).append(
                             measure(target, cell)
                         )

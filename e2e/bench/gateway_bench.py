@@ -27,13 +27,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import psutil  # type: ignore[import-untyped]
 
 from bench import generator, litellm_peer, stub
 from bench.waiting import wait_for
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = float(os.environ.get("FLEET_BENCH_SECONDS", "3"))
@@ -183,6 +186,15 @@ def _cells(name: str) -> tuple[str, ...]:
     return FULL
 
 
+def rotated(items: Sequence[T], round_: int) -> list[T]:
+    """``items`` starting at the ``round_``-th, wrapping: over as many rounds as targets, each
+    target is measured in every place once, so none always follows the same other (a target
+    whose load outlives its cell, Postgres vacuuming a gateway's ledger rows say, would else
+    always slow the same next one)."""
+    start = round_ % len(items) if items else 0
+    return [*items[start:], *items[:start]]
+
+
 def run() -> tuple[Samples, str, list[str]]:
     """Every cell of every target, ``ROUNDS`` times, interleaved so that drift on the machine
     falls on all targets alike; ratios are then taken round by round."""
@@ -190,7 +202,7 @@ def run() -> tuple[Samples, str, list[str]]:
     loads = [load_average()]
     with servers() as (urls, litellm, pids):
         for round_ in range(ROUNDS):
-            for name, url in urls.items():
+            for name, url in rotated(list(urls.items()), round_):
                 key = litellm_peer.KEY if name == LITELLM else None
                 for cell in _cells(name):
                     if name in CPU_ROWS and cell in THROUGHPUT:
