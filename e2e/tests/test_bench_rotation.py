@@ -1,6 +1,6 @@
 """The benches measure their targets in a rotated order each round, so that none always follows
-the same other (a database-mode gateway's Postgres work outlived its cell and slowed the gateway
-measured after it: no auth came out slower than environment mode in two runs of three)."""
+the same other (in a fixed order, no auth, measured right after database mode, came out slower
+than environment mode in two database runs of three: noise, or an order effect this removes)."""
 
 from __future__ import annotations
 
