@@ -112,7 +112,8 @@ ON CONFLICT (tenant, project, model, minute) DO UPDATE SET
 """
 
 
-def _seed(url: str) -> None:
+def seed(url: str) -> None:
+    """The bench's tenant, project, rates, three budget rules and key (``SECRET``)."""
     with psycopg.connect(url, autocommit=True) as conn:
         for statement in _SEED:
             conn.execute(statement)
@@ -229,7 +230,7 @@ def run(rows: int = ROWS) -> dict[str, object]:
     samples: dict[str, dict[str, list[Cell]]] = {}
     loads = [load_average()]
     with redis_url() as redis, scratch_database() as database:
-        _seed(database)
+        seed(database)
         with gateways(database, redis) as targets:
             for round_ in range(ROUNDS):
                 for cell in CELLS:

@@ -119,6 +119,23 @@ def test_the_stub_refuses_a_request_without_its_engine_key(engine: str) -> None:
     assert httpx.get(engine + "/health").status_code == 200
 
 
+def test_the_stub_counts_every_generation_request_it_receives(engine: str) -> None:
+    """The instructions bench divides a server's instructions by this count."""
+
+    def served() -> int:
+        text = httpx.get(engine + "/metrics").text
+        line = next(x for x in text.splitlines() if x.startswith("stub_requests_total "))
+        return int(line.split()[1])
+
+    before = served()
+    headers = {"Authorization": f"Bearer {ENGINE_KEY}"}
+    for path, body in [("chat/completions", _body(False)), ("completions", {"prompt": "hi"})]:
+        assert httpx.post(f"{engine}/v1/{path}", json=body, headers=headers).status_code == 200
+    assert httpx.post(engine + "/v1/completions", json={}).status_code == 401  # not received
+    httpx.get(engine + "/v1/models", headers=headers)
+    assert served() == before + 2
+
+
 def test_every_answer_has_an_id_of_its_own(engine: str) -> None:
     """Answers are assembled from bytes made once; the id (vLLM's prefix, 32 hex digits) is not."""
     headers = {"Authorization": f"Bearer {ENGINE_KEY}"}

@@ -3,7 +3,8 @@
 // It answers what the benches ask of fleet_core.stub_engine (vLLM profile, no delay): POST
 // /v1/chat/completions and /v1/completions (JSON with usage, or SSE with one frame per token, a
 // usage frame when stream_options.include_usage is set, then [DONE]), GET /v1/models, /health
-// (empty 200, as vLLM) and /metrics (vLLM's running/waiting gauges, which the gateway scrapes).
+// (empty 200, as vLLM) and /metrics (vLLM's running/waiting gauges, which the gateway scrapes, and a
+// count of generation requests received, which the instructions bench reads).
 // The reply is the Python stub's canned one, cut to max_tokens; a token is a word. Standard
 // library only, its own HTTP/1.1 server on one epoll loop (server.go; Linux only, as the
 // benches are), so the engine costs a fraction of the CPU the gateway under test does.
@@ -59,6 +60,7 @@ type stub struct {
 	key     string
 	tokens  []string // the reply, one word a token, the separating space on the later word
 	running atomic.Int64
+	served  atomic.Int64 // generation requests received, on /metrics for the instructions bench
 	models  []byte
 	delay   time.Duration // before each generated token (FLEET_STUB_TOKEN_DELAY_MS)
 	// Made once, so that an answer is appended bytes rather than encoding/json over maps (which
@@ -171,8 +173,10 @@ func (s *stub) metrics(c *connection, req *request) {
 	c.frame = fmt.Appendf(c.frame[:0], "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"+
 		"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=%q} %d\n"+
 		"# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"+
-		"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=%q} 0\n",
-		s.model, s.running.Load(), s.model)
+		"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=%q} 0\n"+
+		"# HELP stub_requests_total Generation requests received (not a vLLM metric).\n"+
+		"# TYPE stub_requests_total counter\nstub_requests_total %d\n",
+		s.model, s.running.Load(), s.model, s.served.Load())
 	c.reply(200, "text/plain; version=0.0.4; charset=utf-8", c.frame, req.close)
 }
 
@@ -182,6 +186,7 @@ func fail(c *connection, req *request, status int, msg, kind string) {
 }
 
 func (s *stub) generate(c *connection, r *request, chat bool) {
+	s.served.Add(1)
 	s.running.Add(1)
 	c.running++ // until its answer ends (server.go)
 	var req completion

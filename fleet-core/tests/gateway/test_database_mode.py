@@ -388,6 +388,21 @@ def test_database_mode_refuses_environment_keys_and_limits(variable: str) -> Non
     assert "\n" not in str(info.value)
 
 
+def test_the_ledger_flush_interval_is_bounded_by_what_a_crash_may_lose() -> None:
+    from fleet_core.gateway.config import GatewayConfig
+
+    base = {"FLEET_DATABASE_URL": "postgresql://x@127.0.0.1/fleet"}
+    for given, expected in (({}, 0.2), ({"FLEET_LEDGER_FLUSH_S": "6"}, 6.0)):
+        database = from_env({**base, **given}, GatewayConfig()).database
+        assert database is not None
+        assert database.ledger_flush_s == expected
+    for bad in ("0", "-1", "10.5", "soon", "nan"):
+        with pytest.raises(ConfigError) as info:
+            from_env({**base, "FLEET_LEDGER_FLUSH_S": bad}, GatewayConfig())
+        assert "FLEET_LEDGER_FLUSH_S" in str(info.value)
+        assert "\n" not in str(info.value)
+
+
 async def test_metrics_are_for_a_metrics_credential_of_the_control_plane(
     start_fleet: FleetFactory,
 ) -> None:

@@ -109,6 +109,7 @@ async def open_database_mode(
         ledger = LedgerWriter(
             pool,
             spool_path=settings.spool_path,
+            flush_interval_s=settings.ledger_flush_s,
             on_commit=lambda batch: budgets.committed(r.request_id for r in batch),
         )
         async with ledger:
