@@ -430,6 +430,8 @@ def write_report(sections: list[list[str]]) -> None:
         "",
     ]
     for section in merged.values():
+        if lines[-1]:  # a kept section read from the file's end has no blank line after it
+            lines.append("")
         lines += section
     path.write_text("\n".join(lines))
     print("\n".join(lines))

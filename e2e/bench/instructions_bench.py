@@ -262,8 +262,8 @@ def report(result: tuple[Counts, str, list[str]]) -> list[str]:
         "(`e2e/bench/instructions_bench.py`): the same count run after run, where CPU time on",
         "this VM is not. Each cell: a warm-up, then",
         f"{COUNTED_S:g} s counted from idle to idle, divided by the requests the Go stub received.",
-        "Database mode's periodic work is slowed by callgrind's slowdown "
-        f"({', '.join(f'`{k}={v}`' for k, v in SLOWED_DATABASE.items())});",
+        "Database mode's periodic work is slowed by callgrind's slowdown:",
+        f"{', '.join(f'`{k}={v}`' for k, v in SLOWED_DATABASE.items())};",
         "its leased buckets and budget allowances still go to Redis more often per request than",
         "uninstrumented (both figures below), which counts against database mode.",
         generator.describe(),
