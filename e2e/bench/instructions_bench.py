@@ -21,12 +21,15 @@ allowances size what they take from Redis by recent consumption (``leases.AHEAD_
 often per request here than at full speed: the section counts the Redis script calls per request
 both ways (the same gateway, uninstrumented, for a few seconds first), and that bias is against
 database mode. Kernel time (system calls, the loopback) is not counted: it is the same kind of
-work for every server, and the time-based sections include it.
+work for every server, and the time-based sections include it. Instructions are not time: a
+byte scan runs several to a cycle, the interpreter about one, and valgrind replaces memchr and
+its kin with plain loops (ADR 0002, session 12); the time-based rows stay the targets' measure,
+and these settle which side of a threshold the code is on when their rounds disagree.
 
 ``FLEET_BENCH_ONLY=instructions`` runs this section (``FLEET_BENCH_INSTRUCTIONS_S``, default 12,
-sets the seconds counted per cell; ``FLEET_BENCH_INSTRUCTIONS_WARM_S``, default 4, the warm-up);
-it needs ``valgrind`` (Debian's package)
-and ``go`` (for the Go stub's request count), and says "skipped: ..." without them.
+sets the seconds counted per cell; ``FLEET_BENCH_INSTRUCTIONS_WARM_S``, default 4, the warm-up).
+It needs ``valgrind`` (Debian's package) and ``go`` (for the Go stub's request count), and says
+"skipped: ..." without them.
 """
 
 from __future__ import annotations
