@@ -194,7 +194,8 @@ class Admission:
         self._directory.check_active(principal)
         tokens = demand.tokens_input + demand.tokens_output
         rules = self._directory.rules(principal)
-        hold, asks = None, list[Hold]()
+        hold: BudgetHold | None = None
+        asks: list[Hold] = []
         if rules:
             self._budgets.check(rules, demand)
             if not self._budgets.knows(rules) and not await self._budgets.learn(

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterable, Awaitable
-from typing import TypeVar
+from collections.abc import AsyncIterable, Coroutine
+from typing import Any, TypeVar
 
 from starlette.types import Receive, Send
 
@@ -41,7 +41,7 @@ class ClientGone(Exception):
     """The client disconnected before the answer was complete."""
 
 
-async def until_disconnect(work: Awaitable[T], receive: Receive) -> T:
+async def until_disconnect(work: Coroutine[Any, Any, T], receive: Receive) -> T:
     """Await ``work``; cancel it and raise ClientGone if the client disconnects first.
 
     The work runs as its own task, so a cancellation meant for it never lands in this one; this
@@ -54,7 +54,7 @@ async def until_disconnect(work: Awaitable[T], receive: Receive) -> T:
     so nothing outlives the request that started it."""
     me = asyncio.current_task()
     assert me is not None
-    task = asyncio.ensure_future(work)
+    task = asyncio.create_task(work)
     race = _Race(me)
     task.add_done_callback(race.work_done)
     try:
