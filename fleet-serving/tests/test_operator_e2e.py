@@ -83,11 +83,15 @@ async def test_a_fleetmodel_becomes_a_deployment_a_service_and_ready(
     )
     assert status["readyReplicas"] == 1
     assert status["endpoints"] == ["http://10.1.2.3:8000"]
-    report = await eventually(
-        lambda: reported(state, lambda r: r.deployments and r.deployments[0].endpoints)
-    )
+
+    # The EndpointSlice and the Deployment's status are two writes, watched in either order: a
+    # report between them carries the endpoint while the phase, read from the Deployment, is
+    # still Pending. The report that follows both is the one this checks.
+    def ready(report: InventoryReport) -> bool:
+        return any(d.endpoints and d.phase == "Ready" for d in report.deployments)
+
+    report = await eventually(lambda: reported(state, ready))
     (model,) = report.deployments
-    assert model.phase == "Ready"
     assert (model.served_model_name, model.engine, model.ready_replicas) == ("qwen", "vllm", 1)
     assert [e.url for e in model.endpoints] == ["http://10.1.2.3:8000"]
 
