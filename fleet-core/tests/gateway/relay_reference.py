@@ -21,7 +21,9 @@ def _data(frame: bytes) -> bytes | None:
 
 @dataclass
 class Reference:
-    """The relay written plainly: cut each read into frames, decode and meter each alone."""
+    """The relay written plainly: cut each read into frames, decode and meter each alone.
+    Asked to strip usage, it removes from each frame that decodes the ``"usage":null`` that is
+    its JSON's last member, or else its first."""
 
     strip_usage: bool
     partial: bytes = b""
@@ -56,6 +58,10 @@ class Reference:
                     self.text.append(part.generated())
             self.text.append(choice.text or "")
             self.ended_choices += bool(choice.finish_reason)
-        if self.strip_usage:
-            frame = frame.replace(b',"usage":null', b"").replace(b'"usage":null,', b"")
+        if not self.strip_usage:
+            return frame
+        if payload.endswith(b',"usage":null}'):  # its last member, else its first
+            return frame.replace(payload, payload[:-14] + b"}", 1)
+        if payload.startswith(b'{"usage":null,'):
+            return frame.replace(payload, b"{" + payload[14:], 1)
         return frame

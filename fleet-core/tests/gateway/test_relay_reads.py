@@ -39,7 +39,13 @@ def _chunk(draw: st.DrawFn, n: int, asked: bool) -> dict[str, object]:
         )
     chunk: dict[str, object] = {"id": "x", "object": "chat.completion.chunk", "choices": choices}
     if asked:  # an engine asked for usage says so in every chunk: null, or the running usage
-        chunk["usage"] = draw(st.none() | _usage)
+        usage = draw(st.none() | _usage)
+        where = draw(st.sampled_from(["last", "last", "first", "middle"]))
+        if where == "first":
+            return {"usage": usage, **chunk}
+        chunk["usage"] = usage
+        if where == "middle":
+            chunk["created"] = 1
     return chunk
 
 
@@ -139,3 +145,19 @@ def test_an_engine_stream_read_whole_is_metered_as_one_block() -> None:
     assert (meter.usage, meter.done, meter.generated_all) == (Usage(3, 2), True, True)
     assert b'"usage"' not in sent.replace(b'lo \\"usage\\"', b"")
     assert sent.endswith(b'"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+
+
+@pytest.mark.parametrize("strip", [True, False])
+def test_an_engine_stream_read_in_blocks_of_whole_frames_is_sent_as_frame_by_frame(
+    strip: bool,
+) -> None:
+    """Reads that end where a frame does, as an engine's writes arrive: a block's last frame
+    still carries its ``"usage":null`` (no frame follows it to cut it away)."""
+    stream = _engine_stream(["a", "b", "c", "d"])
+    ends = [i + 2 for i in range(len(stream)) if stream.startswith(b"\n\n", i)]
+    for first, second in itertools.combinations(ends[:-1], 2):
+        meter, reference = StreamMeter(strip_usage=strip), Reference(strip_usage=strip)
+        for read in (stream[:first], stream[first:second], stream[second:]):
+            assert meter.feed(read) == reference.feed(read)
+        assert ("".join(meter.text), meter.usage) == ("".join(reference.text), reference.usage)
+        assert len(meter.text) == 3  # each read metered as one block

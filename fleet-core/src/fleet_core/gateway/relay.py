@@ -23,19 +23,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import aiohttp
 import msgspec
 
 from fleet_core.errors import ErrorBody, ErrorEnvelope
-from fleet_core.gateway.wire import StreamChunk, Usage
+from fleet_core.gateway.wire import PlainChunk, StreamChunk, Usage
 
 __all__ = ["Relay", "StreamMeter", "error_frame"]
 
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
+_plain_decoder = msgspec.json.Decoder(PlainChunk)
+
+Chunk = StreamChunk | PlainChunk
 
 
-@dataclass
+@dataclass(slots=True)
 class StreamMeter:
     """What one stream carried, filled in while it is relayed."""
 
@@ -64,7 +68,7 @@ class StreamMeter:
         dropped), in order. A read of whole ``data: {...}`` frames, as engines send them, is
         metered as one block (`_take_block`); anything else frame by frame (`take`)."""
         buffer = self.partial + data if self.partial else data
-        if b"\r" in buffer:
+        if _has(buffer, b"\r"):
             buffer = buffer.replace(b"\r\n", b"\n")
         end = buffer.rfind(b"\n\n") + 2
         if end < 2:
@@ -79,41 +83,34 @@ class StreamMeter:
 
     def _take_block(self, block: bytes) -> bytes | None:
         """`take` for a block whose frames are each one line ``data: {...}``, the last maybe
-        ``data: [DONE]``: its JSON decoded in one call, the ``"usage":null`` removed from the
-        whole block at once. None (nothing metered) for any other block.
-
-        The result is `take`'s: where every frame is one line that opens with ``{`` and closes
-        with ``}``, no JSON value can run on from one line into the next (a string may not hold
-        a raw newline; after a ``}`` that closes a nested value, a line's opening ``{`` is an
-        error), so as many values as lines means each line gave the value it gives alone."""
+        ``data: [DONE]``: its JSON decoded in one call, its ``"usage":null`` removed from the
+        whole block at once. None (nothing metered) for any other block."""
         done = block.endswith(_DONE)  # after a whole frame, or `_decode_block` refuses the block
         json = block[: -len(_DONE)] if done else block
-        chunks = _decode_block(json) if json else []
-        if chunks is None:
+        decoded = _decode_block(json, self.strip_usage) if json else ([], json)
+        if decoded is None:
             return None
+        chunks, sent = decoded
         self.done = self.done or done
         text, ended, usage = _read(chunks)
         self.text.append(text)
         self.ended_choices += ended
         if usage:
-            block = self._take_usage(block, json, chunks, usage)
-        return _without_usage_null(block) if self.strip_usage else block
+            sent = self._take_usage(sent, chunks, usage)
+        return sent + _DONE if done else sent
 
-    def _take_usage(
-        self, block: bytes, json: bytes, chunks: list[StreamChunk], usage: list[int]
-    ) -> bytes:
+    def _take_usage(self, sent: bytes, chunks: list[Chunk], usage: list[int]) -> bytes:
         """Keep the engine's (last) usage; drop its usage-only frames if asked for the client.
-        ``usage``: the positions of the chunks that carry one."""
+        ``sent``: the block's frames, one line each; ``usage``: the chunks that carry one."""
         self.usage = chunks[usage[-1]].usage
-        dropped = [i for i in usage if not chunks[i].choices] if self.strip_usage else []
-        if not dropped:
-            return block
-        if dropped == [len(chunks) - 1]:  # the usual place of the usage frame: the last chunk
-            last = json.rfind(b"\n\n", 0, -2) + 2 if len(chunks) > 1 else 0
-            return block[:last] + block[len(json) :]
-        frames = json[:-2].split(b"\n\n")
-        kept = b"".join(f + b"\n\n" for i, f in enumerate(frames) if i not in dropped)
-        return kept + block[len(json) :]
+        if not self.strip_usage:
+            return sent
+        last = len(chunks) - 1
+        if usage == [last] and not chunks[last].choices:  # the usual: one usage frame, last
+            return sent[: sent.rfind(b"\n\n", 0, -2) + 2] if last else b""
+        dropped = [i for i in usage if not chunks[i].choices]
+        frames = sent[:-2].split(b"\n\n")
+        return b"".join(f + b"\n\n" for i, f in enumerate(frames) if i not in dropped)
 
     def take(self, frames: list[bytes]) -> list[bytes]:
         """The frames to send on (some rewritten, some dropped), in order. Frames that arrived
@@ -128,12 +125,12 @@ class StreamMeter:
                 out.append(frame)
                 continue
             chunk = next(chunks) if chunks is not None and payload else _decode(payload)
-            kept = frame if chunk is None else self._meter(frame, chunk)
+            kept = frame if chunk is None else self._meter(frame, payload, chunk)
             if kept is not None:
                 out.append(kept)
         return out
 
-    def _meter(self, frame: bytes, chunk: StreamChunk) -> bytes | None:
+    def _meter(self, frame: bytes, payload: bytes, chunk: StreamChunk) -> bytes | None:
         if chunk.usage is not None and not chunk.choices:
             self.usage = chunk.usage
             return None if self.strip_usage else frame
@@ -141,62 +138,142 @@ class StreamMeter:
             self.usage = chunk.usage  # continuous usage stats: keep the latest
         self.text.append(chunk.text())
         self.ended_choices += chunk.finished()
-        return _without_usage_null(frame) if self.strip_usage else frame
+        if not self.strip_usage or (bare := _without_usage_null(payload)) is payload:
+            return frame
+        return frame.replace(payload, bare, 1)
 
 
 _DONE = b"data: [DONE]\n\n"
 
 
-def _decode_block(block: bytes) -> list[StreamChunk] | None:
-    """The chunks of a block of one-line ``data: {...}`` (or ``data:{...}``) frames, in order;
-    None unless the block is exactly that and every frame decodes."""
-    prefix = b"data: {" if block.startswith(b"data: {") else b"data:{"
-    if not block.startswith(prefix) or not block.endswith(b"}\n\n"):
+_NULL_LAST = b',"usage":null}'
+"""How an engine asked for usage (vLLM) ends every other chunk's JSON."""
+_NULL_FIRST = b'{"usage":null,'
+"""How an engine that puts usage first would open every other chunk's JSON."""
+_SPLIT = {prefix: _NULL_LAST + b"\n\n" + prefix for prefix in (b"data: {", b"data:{")}
+"""Between two frames of such an engine: where a block is cut into its chunks' JSON."""
+_JOIN_JSON = _NULL_LAST + b"{"
+_JOIN_SENT = {prefix: b"}\n\n" + prefix for prefix in _SPLIT}
+
+
+def _decode_block(json: bytes, strip: bool) -> tuple[list[Chunk], bytes] | None:
+    """The chunks of a block of one-line ``data: {...}`` (or ``data:{...}``) frames, in order,
+    and the block to send: with each frame's ``"usage":null`` removed when ``strip``. None
+    unless the block is exactly that and every frame decodes.
+
+    The frames' JSON is put side by side, ``{...}{...}``, and decoded in one call. Where every
+    frame but the last ends with ``"usage":null`` (vLLM asked for usage), one split cuts the
+    block there and leaves the frames without it (`_split_block`); otherwise the separators
+    are rewritten. Either way, where no frame holds a newline and each opens with ``{`` and
+    closes with ``}``, no JSON value can run on from one frame into the next (a string may not
+    hold a raw newline; after a ``}`` that closes a nested value, a ``{`` is an error), so as
+    many values as frames means each frame gave the value it gives alone."""
+    prefix = b"data: {" if json.startswith(b"data: {") else b"data:{"
+    if not json.startswith(prefix) or not json.endswith(b"}\n\n"):
         return None
+    if json.find(b"\n") == len(json) - 2:  # one frame, as a paced engine sends them
+        return _decode_frame(json, prefix, strip)
+    pieces = json.split(_SPLIT[prefix])
+    if len(pieces) > 1:
+        chunks = _split_block(pieces, prefix)
+        if chunks is None or not strip:
+            return None if chunks is None else (chunks, json)
+        pieces[-1] = _without_usage_null(b"{" + pieces[-1])[1:]
+        return chunks, _JOIN_SENT[prefix].join(pieces) + b"\n\n"
     separator = b"}\n\n" + prefix
-    json = block[len(prefix) - 1 : -2].replace(separator, b"}\n{")
-    lines = (len(block) - len(json) - len(prefix) - 1) // (len(separator) - 3) + 1
-    if json.count(b"\n") != lines - 1:  # a newline inside a frame: not one line each
-        return None
+    together = json[len(prefix) - 1 : -2].replace(separator, b"}{")
+    count = (len(json) - len(together) - len(prefix) - 1) // (len(separator) - 2) + 1
+    chunks = _decode_json(together, count)
+    if chunks is None or not strip:
+        return None if chunks is None else (chunks, json)
+    if _has(json, prefix + _NULL_FIRST[1:]):
+        return None  # a frame may open with it: frame by frame (`_without_usage_null`)
+    if json.endswith(_NULL_LAST + b"\n\n"):  # the last frame (any other would have split)
+        return chunks, json[: -len(_NULL_LAST) - 2] + b"}\n\n"
+    return chunks, json
+
+
+def _decode_frame(frame: bytes, prefix: bytes, strip: bool) -> tuple[list[Chunk], bytes] | None:
+    """`_decode_block` for a block of one frame."""
+    json = frame[len(prefix) - 1 : -2]
     try:
-        chunks = _chunk_decoder.decode_lines(json)
+        chunk: Chunk | None = _plain_decoder.decode(json)  # the usual frame (`PlainChunk`)
     except msgspec.DecodeError:
+        chunk = _decode(json)
+    if chunk is None:
         return None
-    return chunks if len(chunks) == lines else None
+    if not strip or (bare := _without_usage_null(json)) is json:
+        return [chunk], frame
+    return [chunk], prefix[:-1] + bare + b"\n\n"
 
 
-def _read(chunks: list[StreamChunk]) -> tuple[str, int, list[int]]:
-    """In one pass: the text the chunks carry (`StreamChunk.text`), how many choices they end
-    (`StreamChunk.finished`), and which of them carry usage. The usual chunk, one choice whose
-    delta holds only content (`_Delta.generated`'s shortcut), is read inline."""
+def _split_block(pieces: list[bytes], prefix: bytes) -> list[Chunk] | None:
+    """`_decode_block` for a block cut where a frame ends with ``"usage":null`` and the next
+    begins: the pieces, put back together with it, are the frames' JSON. On return, they are
+    the frames to send without it, but for the opening ``data: {`` of all but the first and
+    the blank line that closes the last (which may still carry it: `_without_usage_null`)."""
+    first, pieces[-1] = pieces[0], pieces[-1][:-2]
+    pieces[0] = first[len(prefix) - 1 :]
+    chunks = _decode_json(_JOIN_JSON.join(pieces), len(pieces))
+    pieces[0] = first
+    return chunks
+
+
+def _decode_json(together: bytes, count: int) -> list[Chunk] | None:
+    """The chunks of ``count`` frames' JSON put side by side, one each; None unless that is
+    what they hold. A newline would be inside a frame: not one line each."""
+    if _has(together, b"\n"):
+        return None
+    for decoder in (_plain_decoder, _chunk_decoder):  # the usual frames first (`PlainChunk`)
+        try:
+            chunks: list[Any] = decoder.decode_lines(together)  # no newline needed between
+        except msgspec.DecodeError:
+            continue
+        return chunks if len(chunks) == count else None
+    return None
+
+
+def _read(chunks: list[Chunk]) -> tuple[str, int, list[int]]:
+    """In one pass: the text the chunks carry, how many choices they end, and which of them
+    carry usage. Chunks decoded as `PlainChunk` (all of a block's, or none) are read inline."""
+    if chunks and isinstance(chunks[0], PlainChunk):
+        return _read_plain(cast("list[PlainChunk]", chunks))
     texts, ended, usage = [], 0, []
-    for i, chunk in enumerate(chunks):
+    for i, chunk in enumerate(cast("list[StreamChunk]", chunks)):
         if chunk.usage is not None:
             usage.append(i)
-        choices = chunk.choices
-        if len(choices) == 1:
-            choice = choices[0]
-            delta = choice.delta
-            if (
-                delta is not None
-                and choice.message is None
-                and not choice.text
-                and not (delta.reasoning_content or delta.tool_calls)
-                and not (delta.reasoning or delta.function_call)
-            ):
-                if delta.content:
-                    texts.append(delta.content)
-                ended += 1 if choice.finish_reason else 0
-                continue
         texts.append(chunk.text())
         ended += chunk.finished()
     return "".join(texts), ended, usage
 
 
-def _without_usage_null(frames: bytes) -> bytes:
-    """The ``"usage":null`` an engine adds to every chunk once asked for usage, removed."""
-    frames = frames.replace(b',"usage":null', b"")  # the same bytes when there is none
-    return frames.replace(b'"usage":null,', b"") if b'"usage":null,' in frames else frames
+def _read_plain(chunks: list[PlainChunk]) -> tuple[str, int, list[int]]:
+    texts, ended, usage = [], 0, []
+    for i, chunk in enumerate(chunks):
+        if chunk.usage is not None:
+            usage.append(i)
+        for choice in chunk.choices:
+            if content := choice.delta.content:
+                texts.append(content)
+            if choice.finish_reason:
+                ended += 1
+    return "".join(texts), ended, usage
+
+
+def _without_usage_null(json: bytes) -> bytes:
+    """A chunk's JSON without the ``"usage":null`` an engine adds to every chunk once asked for
+    usage: its last member (vLLM), else its first. The same object when it has neither."""
+    if json.endswith(_NULL_LAST):
+        return json[: -len(_NULL_LAST)] + b"}"
+    if json.startswith(_NULL_FIRST):
+        return b"{" + json[len(_NULL_FIRST) :]
+    return json
+
+
+def _has(data: bytes, part: bytes) -> bool:
+    """``part in data``, which CPython 3.11 answers only after trying ``part`` as an integer,
+    raising and clearing a TypeError (about 1,000 instructions more than `bytes.find`)."""
+    return data.find(part) >= 0
 
 
 def _decode(payload: bytes) -> StreamChunk | None:

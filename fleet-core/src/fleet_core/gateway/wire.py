@@ -21,6 +21,7 @@ __all__ = [
     "EmbeddingRequest",
     "Kind",
     "ParsedRequest",
+    "PlainChunk",
     "StreamChunk",
     "Usage",
     "parse_request",
@@ -263,6 +264,31 @@ class _ChunkChoice(msgspec.Struct, gc=False):
     text: str | None = None
     message: _Delta | None = None
     finish_reason: str | None = None
+
+
+class _PlainDelta(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    role: str | None = None  # the fields in vLLM's order, which msgspec matches fastest
+    content: str | None = None
+
+
+class _PlainChoice(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    index: int
+    delta: _PlainDelta
+    logprobs: None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class PlainChunk(msgspec.Struct, gc=False):
+    """A streamed frame whose every choice is a delta of plain content: the usual frame.
+
+    Its choices name every field they may hold and refuse any other, so whatever else a choice
+    carries (reasoning, tool calls, a message, text, log probabilities) fails the decode, and
+    `StreamChunk` reads that frame instead. What it decodes, it reads as `StreamChunk` does:
+    the choices' content, their ``finish_reason`` and the usage."""
+
+    choices: list[_PlainChoice] = []
+    usage: Usage | None = None
 
 
 class StreamChunk(msgspec.Struct, gc=False):
