@@ -1,5 +1,6 @@
-"""What the budget rules cost a request in process: check, knows, hold, settle, and the ledger's
-commit per 100 records, a refresh every 2,000 requests, on three rules (the database bench's).
+"""What the budget rules cost a request in process: admit (check, knows and hold), settle, and
+the ledger's commit per 100 records, a refresh every 2,000 requests, on three rules (the
+database bench's).
 
 Usage: python -m bench.budget_lifecycle [REQUESTS] [RUNS]   (PYTHONPATH=e2e)
 Prints the median, fastest and slowest microseconds per request over RUNS runs. Not part of
@@ -37,10 +38,10 @@ def run(requests: int) -> float:
     committed: list[str] = []
     started = time.perf_counter()
     for index in range(requests):
-        book.check(RULES, DEMAND)
-        if not book.knows(RULES):
+        admitted = book.admit(RULES, DEMAND)
+        if admitted is None:
             raise SystemExit("bench.budget_lifecycle: a rule lost its figures")
-        hold, asks = book.hold(RULES, DEMAND)
+        hold, asks = admitted
         if asks:
             for ask in asks:
                 ask.granted = ask.need + ask.extra

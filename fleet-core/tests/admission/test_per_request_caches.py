@@ -5,6 +5,8 @@ comes twice."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 import pytest
 from hypothesis import given
@@ -124,3 +126,65 @@ def test_check_refuses_exactly_the_demands_over_a_rules_whole_limit(
         return
     with pytest.raises(ReservationTooLarge, match=f"budget rule {over[0].id} "):
         book.check(rules, demand)
+
+
+def _refusal(call: Callable[..., object], *args: object) -> str | None:
+    try:
+        call(*args)
+    except ReservationTooLarge as exc:
+        return str(exc)
+    return None
+
+
+def _state(book: BudgetBook, rules: tuple[BudgetRule, ...]) -> list[tuple[int, int, int]]:
+    return [book.allowance(rule) for rule in rules]
+
+
+@given(
+    st.one_of(
+        st.just({TENANT.id, RESEARCH.id, OPS.id}),
+        st.sets(st.sampled_from([TENANT.id, RESEARCH.id, OPS.id])),
+    ),
+    st.lists(
+        st.tuples(st.integers(0, 40), st.integers(0, 60), st.integers(0, 40), st.integers(0, 150)),
+        max_size=16,
+    ),
+)
+def test_admit_answers_as_check_knows_and_hold_one_after_the_other(
+    known: set[str], steps: list[tuple[int, int, int, int]]
+) -> None:
+    """`admit` works the rules out once for what `check`, `knows` and `hold` do in turn: the
+    same refusal, the same None for a rule the last refresh did not cover, the same hold, asks
+    and allowances after it. Each growth is granted a random slack, so later holds meet every
+    case: all from the slack, asks for every rule, and a hold that fits some rules' slack and
+    not another's, which gives back what it took (in flight stays the sum of the holds)."""
+    rules = (TENANT, RESEARCH, OPS)
+    one, other = BudgetBook(), BudgetBook()
+    for book in (one, other):
+        book.refreshed({rule_id: 0 for rule_id in known}, started_at=0.0)
+    in_flight = [0, 0, 0]
+    for tokens_input, tokens_output, units, slack in steps:
+        demand = Amounts(tokens_input, tokens_output, 0, units)
+        refusal = _refusal(one.check, rules, demand)
+        if refusal is not None:
+            assert _refusal(other.admit, rules, demand) == refusal
+            continue
+        if not one.knows(rules):
+            assert other.admit(rules, demand) is None
+            continue
+        admitted = other.admit(rules, demand)
+        assert admitted is not None
+        (hold, asks), (expected, expected_asks) = admitted, one.hold(rules, demand)
+        assert hold.amounts == expected.amounts
+        assert [(a.key, a.need, a.extra) for a in asks] == [
+            (a.key, a.need, a.extra) for a in expected_asks
+        ]
+        for book, placed, its_asks in ((other, hold, asks), (one, expected, expected_asks)):
+            for ask in its_asks:
+                ask.granted = ask.need + slack
+            assert not its_asks or book.placed(placed)
+        in_flight = [
+            held + demand.get(rule.dimension) for held, rule in zip(in_flight, rules, strict=True)
+        ]
+        assert [flying for _, flying, _ in _state(other, rules)] == in_flight
+        assert _state(other, rules) == _state(one, rules)

@@ -197,15 +197,16 @@ class Admission:
         hold: BudgetHold | None = None
         asks: list[Hold] = []
         if rules:
-            self._budgets.check(rules, demand)
-            if not self._budgets.knows(rules) and not await self._budgets.learn(
-                rules, timeout_s=LEARN_TIMEOUT_S
-            ):
-                raise Unavailable(
-                    "A budget rule's usage could not be read from the ledger yet; retry shortly.",
-                    code="budget_usage_unknown",
-                )
-            hold, asks = self._budgets.hold(rules, demand)
+            admitted = self._budgets.admit(rules, demand)  # 400 if it can never fit
+            if admitted is None:  # a rule the last refresh did not cover
+                if not await self._budgets.learn(rules, timeout_s=LEARN_TIMEOUT_S):
+                    raise Unavailable(
+                        "A budget rule's usage could not be read from the ledger yet; "
+                        "retry shortly.",
+                        code="budget_usage_unknown",
+                    )
+                admitted = self._budgets.hold(rules, demand)
+            hold, asks = admitted
         try:
             charges = await self._reserve(principal, tokens, hold, asks)
         except BaseException:
