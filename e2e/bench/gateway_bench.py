@@ -433,8 +433,9 @@ def write_report(sections: list[list[str]]) -> None:
         if lines[-1]:  # a kept section read from the file's end has no blank line after it
             lines.append("")
         lines += section
-    path.write_text("\n".join(lines))
-    print("\n".join(lines))
+    text = "\n".join(lines).rstrip("\n") + "\n"  # one newline at the end, whichever came last
+    path.write_text(text)
+    print(text, end="")
 
 
 def _sections(text: str) -> dict[str, list[str]]:
