@@ -46,4 +46,8 @@ class GatewayApp:
 
 
 def _has_origin(headers: list[tuple[bytes, bytes]]) -> bool:
-    return any(name == b"origin" for name, _ in headers)
+    # A loop, not `any` over a generator: half the instructions, on every request.
+    for name, _ in headers:  # noqa: SIM110
+        if name == b"origin":
+            return True
+    return False
