@@ -111,7 +111,7 @@ def _python(*args: str) -> list[str]:
 Pids = dict[str, int]
 """The processes whose CPU the bench reads: the engine and the rows in `CPU_ROWS`."""
 ENGINE = "engine"
-CPU_ROWS = (GATEWAY, WORKERS)
+CPU_ROWS = (FLOOR, GATEWAY, WORKERS)
 
 
 @contextlib.contextmanager
@@ -197,14 +197,17 @@ def rotated(items: Sequence[T], round_: int) -> list[T]:
 
 def run() -> tuple[Samples, str, list[str]]:
     """Every cell of every target, ``ROUNDS`` times, interleaved so that drift on the machine
-    falls on all targets alike; ratios are then taken round by round."""
+    falls on all targets alike; ratios are then taken round by round. Within a round each cell
+    is measured on every target in turn, so the two sides of a ratio are seconds apart rather
+    than the other targets' whole runs (minutes, over which this machine's speed moves)."""
     samples: Samples = {}
     loads = [load_average()]
     with servers() as (urls, litellm, pids):
         for round_ in range(ROUNDS):
-            for name, url in rotated(list(urls.items()), round_):
-                key = litellm_peer.KEY if name == LITELLM else None
-                for cell in _cells(name):
+            for cell in FULL:
+                for name in rotated([n for n in urls if cell in _cells(n)], round_):
+                    url = urls[name]
+                    key = litellm_peer.KEY if name == LITELLM else None
                     if name in CPU_ROWS and cell in THROUGHPUT:
                         figures = load_with_cpu(url, cell, pids[name], pids[ENGINE])
                     else:
@@ -286,7 +289,10 @@ def report(result: tuple[Samples, str, list[str]]) -> list[str]:
         "proxy on aiohttp's own server and client; the bare proxies are Starlette + aiohttp on",
         f"each ASGI server. The targets judge `fleet-gateway ({DEFAULT_SERVER})`, the shipped",
         "default (uvicorn with httptools, ADR 0002). LiteLLM: its proxy, one worker,",
-        f"`litellm[proxy]=={litellm_peer.VERSION}` in a venv of its own.",
+        f"`litellm[proxy]=={litellm_peer.VERSION}` in a venv of its own. `per CPU second`",
+        "beside a floor ratio is the floor's CPU time per request over the gateway's (psutil,",
+        "user + system, round by round): throughput per core read off the two processes, not",
+        "off the share of the two cores the scheduler gave each in its turn.",
         stub.describe(),
         "",
         "| target | " + " | ".join(FULL) + " |",
@@ -313,7 +319,8 @@ def _floor_verdicts(samples: Samples) -> list[str]:
         bare = ratio(samples, GATEWAY, BARE, cell)
         lines.append(
             f"| gateway/floor throughput, {cell} >= 70% | {r:.0%} "
-            f"({bare:.0%} of the {DEFAULT_SERVER} bare proxy) | {_verdict(r >= 0.7)} |"
+            f"({bare:.0%} of the {DEFAULT_SERVER} bare proxy; {_per_core(samples, cell)}) | "
+            f"{_verdict(r >= 0.7)} |"
         )
     seq = added(samples, GATEWAY, "direct", "sequential")
     floor = added(samples, FLOOR, "direct", "sequential")
@@ -327,6 +334,15 @@ def _floor_verdicts(samples: Samples) -> list[str]:
         f"{_verdict(first <= 3)} |"
     )
     return lines
+
+
+def _per_core(samples: Samples, cell: str) -> str:
+    """The floor's CPU per request over the gateway's, round by round: requests per CPU second,
+    the issue's "throughput per core" read off the processes themselves rather than off the
+    share of the two cores the scheduler gave each server in its turn."""
+    pairs = zip(samples[FLOOR][cell], samples[GATEWAY][cell], strict=True)
+    shares = [f["cpu_us"] / g["cpu_us"] for f, g in pairs if "cpu_us" in f and "cpu_us" in g]
+    return f"per CPU second {median(shares):.0%}" if shares else "CPU not read"
 
 
 def _peer_verdicts(samples: Samples, litellm: str) -> list[str]:

@@ -33,3 +33,19 @@ def test_cells_measured_without_cpu_are_left_out() -> None:
     bare = [{"rps": 1000.0}]
     lines = gb._worker_cpu(_samples(bare, bare))
     assert not any(line.startswith("| plain") or line.startswith("| stream") for line in lines)
+
+
+def test_throughput_per_core_is_the_floors_cpu_per_request_over_the_gateways() -> None:
+    floor = [_cell(5000, 150, 30, 30), _cell(4000, 200, 30, 30), _cell(4500, 180, 30, 30)]
+    gateway = [_cell(3000, 200, 30, 30), _cell(3500, 250, 30, 30), _cell(2000, 300, 30, 30)]
+    samples = {gb.FLOOR: dict.fromkeys(gb.THROUGHPUT, floor)}
+    samples[gb.GATEWAY] = dict.fromkeys(gb.THROUGHPUT, gateway)
+    # round by round 150/200, 200/250, 180/300: 75%, 80%, 60% -> median 75%
+    assert gb._per_core(samples, "plain c=32") == "per CPU second 75%"
+
+
+def test_throughput_per_core_says_when_no_cpu_was_read() -> None:
+    bare = [{"rps": 1000.0}]
+    samples = {gb.FLOOR: dict.fromkeys(gb.THROUGHPUT, bare)}
+    samples[gb.GATEWAY] = dict.fromkeys(gb.THROUGHPUT, bare)
+    assert gb._per_core(samples, "stream c=64") == "CPU not read"
