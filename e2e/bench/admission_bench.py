@@ -24,7 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -59,13 +60,20 @@ CELLS = ("sequential", "plain c=64")
 
 
 @contextlib.contextmanager
-def redis_url() -> Iterator[str]:
-    given = os.environ.get("FLEET_BENCH_REDIS_URL")
+def given_or_found(
+    variable: str, find: Callable[[Mapping[str, str]], AbstractContextManager[servers.Server]]
+) -> Iterator[str]:
+    """The URL in ``variable`` if set, else that of the server ``find`` finds or starts."""
+    given = os.environ.get(variable)
     if given:
         yield given
         return
-    with servers.redis(os.environ) as server:
+    with find(os.environ) as server:
         yield server.url
+
+
+def redis_url() -> AbstractContextManager[str]:
+    return given_or_found("FLEET_BENCH_REDIS_URL", servers.redis)
 
 
 @contextlib.contextmanager

@@ -17,11 +17,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 
+from bench.admission_bench import given_or_found
 from bench.gateway_bench import ROUNDS, median
 from fleet_core.ledger import LedgerWriter, store
 from fleet_core.metering.records import EngineUsage, GatewayCount, UsageRecord
@@ -38,12 +40,17 @@ _INSERT = (
 )
 
 
+def postgres_server() -> AbstractContextManager[str]:
+    """A PostgreSQL superuser URL: ``FLEET_BENCH_DATABASE_URL``, else one found or started."""
+    return given_or_found("FLEET_BENCH_DATABASE_URL", servers.postgres)
+
+
 @contextlib.contextmanager
-def scratch_database() -> Iterator[str]:
-    """The URL of a new, migrated database, dropped afterwards."""
+def scratch_database(server: str | None = None) -> Iterator[str]:
+    """The URL of a new, migrated database on ``server`` (default: `postgres_server`),
+    dropped afterwards."""
     with contextlib.ExitStack() as stack:
-        given = os.environ.get("FLEET_BENCH_DATABASE_URL")
-        server = given or stack.enter_context(servers.postgres(os.environ)).url
+        server = server or stack.enter_context(postgres_server())
         name = f"fleet_bench_{secrets.token_hex(4)}"
         _administer(server, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         drop = sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name))

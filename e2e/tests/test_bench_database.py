@@ -1,0 +1,34 @@
+"""The database bench's full-ledger verdict: p50 growth taken round by round, not side by side.
+
+The two ledgers are measured in interleaved rounds, so each round's pair shares the machine's
+state; the median of the per-round growths is what the target judges.
+"""
+
+from __future__ import annotations
+
+import math
+
+from bench import database_bench as db
+
+
+def _p50s(*values: float) -> list[db.Cell]:
+    return [{"p50_ms": v} for v in values]
+
+
+def test_growth_is_the_median_of_the_rounds_own_growths() -> None:
+    empty = _p50s(0.40, 0.80, 0.50)
+    full = _p50s(0.44, 0.60, 0.60)  # +10%, -25%, +20%
+    assert math.isclose(db._growth(empty, full), 0.10)
+
+
+def test_drift_between_rounds_does_not_read_as_growth() -> None:
+    # The machine halves its speed between rounds; within each round the ledgers match.
+    empty = _p50s(0.4, 0.8, 1.6)
+    full = _p50s(0.4, 0.8, 1.6)
+    assert db._growth(empty, full) == 0.0
+
+
+def test_a_round_without_a_p50_is_left_out() -> None:
+    empty = _p50s(0.5, math.nan, 0.5)
+    full = _p50s(0.55, 0.5, math.nan)
+    assert math.isclose(db._growth(empty, full), 0.10)
