@@ -392,7 +392,11 @@ const scenarios = {
     step = "create a rule on globex";
     await page.getByTestId("rule-scope").click();
     await page.keyboard.type("GLOB"); // searched on the server (q), not among the page's rows
+    // The options are replaced when the search answers; a click on the old list as it goes is
+    // lost (the form then says "pick a scope"), so wait for the answer, then for the choice.
+    await page.locator(".ant-select-item-option", { hasText: "acme" }).waitFor({ state: "detached" });
     await page.locator(".ant-select-item-option", { hasText: "globex" }).click();
+    await page.locator(".ant-select-selection-item", { hasText: "globex" }).waitFor();
     await page.getByTestId("rule-limit").fill("1000000");
     await page.getByTestId("rule-window").fill("2d");
     await page.getByTestId("create-rule").click();
