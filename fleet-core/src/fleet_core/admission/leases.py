@@ -9,11 +9,12 @@ process holds, all or nothing over its buckets, without awaiting anything; settl
 (refunds, overruns) go to the slices too. ADR 0016 has the decision, its bounds and figures.
 
 - Topping up: a slice is topped up in the background once it falls below half of its last size,
-  by what this process consumed in the last `AHEAD_S` (at least `MIN_REQUESTS` requests' worth),
-  never past `LEASE_SHARE` of the bucket's capacity (the lease cap). So across N gateways at most
-  N lease caps of a bucket sit unused in slices (a little early refusal elsewhere, never an
-  admission Redis did not grant), and a crashed gateway loses at most one cap per bucket, which
-  the bucket refills in ``60 * LEASE_SHARE`` seconds.
+  by what this process's requests charged the bucket in the last `AHEAD_S` (at least
+  `MIN_REQUESTS` requests' worth), those that fell short of the slice included, never past
+  `LEASE_SHARE` of the bucket's capacity (the lease cap). So across N gateways at most N lease
+  caps of a bucket sit unused in slices (a little early refusal elsewhere, never an admission
+  Redis did not grant), and a crashed gateway loses at most one cap per bucket, which the bucket
+  refills in ``60 * LEASE_SHARE`` seconds.
 - Giving back: a slice unused for `IDLE_S`, and every slice at ``aclose``, goes back to Redis
   through the exactly-once ``settle`` (a batch id, sent again until it lands).
 - Staying exact: a bucket whose lease cap is under two of a request's charges is never leased
@@ -52,8 +53,10 @@ log = logging.getLogger("fleet.admission")
 
 LEASE_SHARE = 0.01
 """The lease cap: the most of a bucket's capacity one process holds in its slice."""
-AHEAD_S = 0.2
-"""A top-up is sized to this much of the process's recent consumption of the bucket."""
+AHEAD_S = 0.5
+"""A top-up is sized to this much of the process's recent demand on the bucket. Half of it (the
+slice left when a top-up starts) must outlast the top-up's round trip, which on a saturated event
+loop is several iterations of tens of milliseconds each (ADR 0016, "Keeping up")."""
 MIN_REQUESTS = 4
 """A top-up is at least this many of the last request's charges (within the cap)."""
 IDLE_S = 1.0
@@ -95,7 +98,8 @@ class _Lease:
         self.asking = False
         self.refused_until = 0.0
         self.used = 0
-        """Units taken locally so far (for the consumption rate and the idle check)."""
+        """Units this process's requests charged the bucket so far, from the slice or (when it
+        fell short) the exact way: the demand that sizes top-ups, and the idle check."""
         self.last = 1
         """The last request's charge here (the smallest useful top-up is a few of them)."""
         self.rate = 0.0
@@ -183,7 +187,9 @@ class LeasedStore:
             if lease is not None and lease.bucket != bucket:  # its limit changed
                 self._retire(lease)
                 lease = None
-            if lease is None:
+            if lease is not None:
+                lease.used += charge.amount  # demand the slice missed still sizes the next one
+            else:
                 cap = lease_cap(bucket)
                 if cap < 2 * max(charge.amount, 1):
                     continue  # a small bucket stays exact
