@@ -40,7 +40,7 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = float(os.environ.get("FLEET_BENCH_SECONDS", "3"))
-ROUNDS = int(os.environ.get("FLEET_BENCH_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("FLEET_BENCH_ROUNDS", "5"))
 SERVERS = ("uvicorn", "hypercorn", "granian")
 DEFAULT_SERVER = "uvicorn"
 """What ``fleet-gateway`` runs on unless ``--server`` says otherwise: the row the targets judge."""
@@ -115,20 +115,27 @@ CPU_ROWS = (FLOOR, GATEWAY, WORKERS)
 
 
 @contextlib.contextmanager
-def servers() -> Iterator[tuple[dict[str, str], str, Pids]]:
-    """The stub engine and every target in front of it: (name -> URL, LiteLLM's state, pids),
-    the state being "" when it runs, else "skipped: <why>"."""
+def engine_and_peer() -> Iterator[tuple[str, Path, int, str]]:
+    """What every round shares: the stub engine (its URL and pid), the gateways' config naming
+    it, and LiteLLM, its URL when it runs, else "skipped: <why>"."""
     engine = free_port()
     direct = f"http://127.0.0.1:{engine}"
-    urls = {"direct": direct}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         config = Path(tmp) / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: bench\n    model: bench\n    base_url: {direct}\n")
-        pids = {
-            ENGINE: stack.enter_context(
-                process(stub.command(engine, "bench"), direct + "/health")
-            ).pid
-        }
+        pid = stack.enter_context(process(stub.command(engine, "bench"), direct + "/health")).pid
+        yield direct, config, pid, _start_litellm(stack, direct, Path(tmp))
+
+
+@contextlib.contextmanager
+def targets(direct: str, config: Path) -> Iterator[tuple[dict[str, str], Pids]]:
+    """The floor, the bare proxies, the gateways and ``--workers 2`` in front of the engine:
+    (name -> URL, name -> pid). Started afresh every round: two processes of the same server
+    differ steadily by up to a tenth in throughput (ADR 0002, session 19), so one process per
+    target for the whole run would put one draw of that luck into every round's ratio."""
+    urls: dict[str, str] = {}
+    pids: Pids = {}
+    with contextlib.ExitStack() as stack:
 
         def serve(name: str, *args: str, env: dict[str, str] | None = None) -> None:
             """Start ``python -m *args``, PORT in ``args`` replaced by a free port."""
@@ -146,11 +153,8 @@ def servers() -> Iterator[tuple[dict[str, str], str, Pids]]:
         workers = ("fleet_core.gateway", "--config", str(config), "--workers", "2")
         # as the one-worker row runs: no access line per request (bench.serve logs warnings only)
         serve(WORKERS, *workers, "--listen", "127.0.0.1:PORT", env=QUIET)
-        state = _start_litellm(stack, direct, Path(tmp))
-        if not state.startswith("skipped"):
-            urls[LITELLM], state = state, ""
         time.sleep(0.5)
-        yield urls, state, pids
+        yield urls, pids
 
 
 def _start_litellm(stack: contextlib.ExitStack, direct: str, tmp: Path) -> str:
@@ -202,20 +206,27 @@ def run() -> tuple[Samples, str, list[str]]:
     than the other targets' whole runs (minutes, over which this machine's speed moves)."""
     samples: Samples = {}
     loads = [load_average()]
-    with servers() as (urls, litellm, pids):
+    with engine_and_peer() as (direct, config, engine, peer):
+        litellm = "" if peer.startswith("http") else peer
         for round_ in range(ROUNDS):
-            for cell in FULL:
-                for name in rotated([n for n in urls if cell in _cells(n)], round_):
-                    url = urls[name]
-                    key = litellm_peer.KEY if name == LITELLM else None
-                    if name in CPU_ROWS and cell in THROUGHPUT:
-                        figures = load_with_cpu(url, cell, pids[name], pids[ENGINE])
-                    else:
-                        figures = load(url, cell, key)
-                    samples.setdefault(name, {}).setdefault(cell, []).append(figures)
+            with targets(direct, config) as (started, pids):
+                urls = {"direct": direct, **started, **({LITELLM: peer} if not litellm else {})}
+                pids[ENGINE] = engine
+                for cell in FULL:
+                    for name in rotated([n for n in urls if cell in _cells(n)], round_):
+                        samples.setdefault(name, {}).setdefault(cell, []).append(
+                            _measure(name, urls[name], cell, pids)
+                        )
             loads.append(load_average())
             print(f"bench: round {round_ + 1} of {ROUNDS} done ({loads[-1]})", file=sys.stderr)
     return samples, litellm, loads
+
+
+def _measure(name: str, url: str, cell: str, pids: Pids) -> Cell:
+    """One cell on one target, with the CPU per request of each process where a table reads it."""
+    if name in CPU_ROWS and cell in THROUGHPUT:
+        return load_with_cpu(url, cell, pids[name], pids[ENGINE])
+    return load(url, cell, litellm_peer.KEY if name == LITELLM else None)
 
 
 def load_average() -> str:
@@ -236,9 +247,17 @@ def summary(cells: list[Cell]) -> Cell:
 
 
 def ratio(samples: Samples, a: str, b: str, cell: str, key: str = "rps") -> float:
-    return median(
-        [x[key] / y[key] for x, y in zip(samples[a][cell], samples[b][cell], strict=True)]
-    )
+    return median(ratios(samples, a, b, cell, key))
+
+
+def ratios(samples: Samples, a: str, b: str, cell: str, key: str = "rps") -> list[float]:
+    """``a / b`` round by round."""
+    return [x[key] / y[key] for x, y in zip(samples[a][cell], samples[b][cell], strict=True)]
+
+
+def spread(values: list[float]) -> str:
+    """The lowest and the highest round's ratio: how far the rounds behind a median spread."""
+    return f"rounds {min(values):.0%}-{max(values):.0%}" if values else "no round measured"
 
 
 def added(samples: Samples, a: str, b: str, cell: str) -> float:
@@ -281,7 +300,9 @@ def report(result: tuple[Samples, str, list[str]]) -> list[str]:
     lines = [
         "## Gateway overhead (issues 3, 21)",
         "",
-        f"Each cell: requests/s / p50 ms / p99 ms, the median of {ROUNDS} interleaved rounds.",
+        f"Each cell: requests/s / p50 ms / p99 ms, the median of {ROUNDS} interleaved rounds;",
+        "every target but the engine and LiteLLM is started afresh each round (two processes",
+        "of one server differ steadily by up to a tenth: ADR 0002, session 19).",
         f"Machine load before and after each round: {'; '.join(loads)} (other work shares the",
         "cores: high load makes every figure noisy). `sequential` is one client, non-stream;",
         "`first frame` is one client timing a stream's first SSE frame. Ratios and differences",
@@ -319,8 +340,8 @@ def _floor_verdicts(samples: Samples) -> list[str]:
         bare = ratio(samples, GATEWAY, BARE, cell)
         lines.append(
             f"| gateway/floor throughput, {cell} >= 70% | {r:.0%} "
-            f"({bare:.0%} of the {DEFAULT_SERVER} bare proxy; {_per_core(samples, cell)}) | "
-            f"{_verdict(r >= 0.7)} |"
+            f"({spread(ratios(samples, GATEWAY, FLOOR, cell))}; {bare:.0%} of the "
+            f"{DEFAULT_SERVER} bare proxy; {_per_core(samples, cell)}) | {_verdict(r >= 0.7)} |"
         )
     seq = added(samples, GATEWAY, "direct", "sequential")
     floor = added(samples, FLOOR, "direct", "sequential")
@@ -366,9 +387,12 @@ def _peer_verdicts(samples: Samples, litellm: str) -> list[str]:
 def _worker_verdicts(samples: Samples) -> list[str]:
     lines = []
     for cell in ("plain c=32", "plain c=64", "stream c=32", "stream c=64"):
-        r = ratio(samples, WORKERS, GATEWAY, cell)
+        each = ratios(samples, WORKERS, GATEWAY, cell)
+        r = median(each)
+        low, high = min(each), max(each)
         lines.append(
-            f"| --workers 2 / one worker, {cell} >= 1.4x | {r:.2f}x | {_verdict(r >= 1.4)} |"
+            f"| --workers 2 / one worker, {cell} >= 1.4x | {r:.2f}x (rounds {low:.2f}x-"
+            f"{high:.2f}x) | {_verdict(r >= 1.4)} |"
         )
     return lines
 

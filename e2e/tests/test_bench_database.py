@@ -1,4 +1,4 @@
-"""The database bench's full-ledger verdict: p50 growth taken round by round, not side by side.
+"""The database bench's verdicts: ratios and p50 growth taken round by round, with their spread.
 
 The two ledgers are measured in interleaved rounds, so each round's pair shares the machine's
 state; the median of the per-round growths is what the target judges.
@@ -32,3 +32,21 @@ def test_a_round_without_a_p50_is_left_out() -> None:
     empty = _p50s(0.5, math.nan, 0.5)
     full = _p50s(0.55, 0.5, math.nan)
     assert math.isclose(db._growth(empty, full), 0.10)
+
+
+def _loaded(*rps: float) -> list[db.Cell]:
+    return [{"rps": v} for v in rps]
+
+
+def test_a_ratio_states_how_far_its_rounds_spread() -> None:
+    samples = {
+        db.DB_MODE: {db.LOADED: _loaded(850, 900, 400)},
+        db.OFF: {db.LOADED: _loaded(1000, 1000, 0)},  # the last round got nothing done
+    }
+    assert math.isclose(db._ratio(samples, db.DB_MODE, db.OFF), 0.875)
+    assert db._rounds(samples, db.DB_MODE, db.OFF) == "rounds 85%-90%"
+
+
+def test_a_ratio_without_a_measured_round_says_so() -> None:
+    samples = {db.DB_MODE: {db.LOADED: _loaded(850)}, db.OFF: {db.LOADED: _loaded(0)}}
+    assert db._rounds(samples, db.DB_MODE, db.OFF) == "no round measured"

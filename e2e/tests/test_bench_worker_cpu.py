@@ -49,3 +49,14 @@ def test_throughput_per_core_says_when_no_cpu_was_read() -> None:
     samples = {gb.FLOOR: dict.fromkeys(gb.THROUGHPUT, bare)}
     samples[gb.GATEWAY] = dict.fromkeys(gb.THROUGHPUT, bare)
     assert gb._per_core(samples, "stream c=64") == "CPU not read"
+
+
+def test_each_workers_verdict_states_the_spread_of_its_rounds() -> None:
+    one = [_cell(2000, 400, 60, 50), _cell(2500, 400, 60, 50), _cell(2000, 400, 60, 50)]
+    two = [_cell(3000, 440, 50, 40), _cell(3000, 440, 50, 40), _cell(3400, 440, 50, 40)]
+    rows = gb._worker_verdicts(_samples(one, two))
+    # round by round 1.50x, 1.20x, 1.70x -> median 1.50x
+    assert (
+        rows[0]
+        == "| --workers 2 / one worker, plain c=32 >= 1.4x | 1.50x (rounds 1.20x-1.70x) | met |"
+    )
