@@ -326,19 +326,22 @@ class _SharedMemory(MemoryStore):
         return self._level(Charge(b, 0), self._now())
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    capacity=st.integers(min_value=1, max_value=2_000_000),
-    ops=st.lists(
+def gateway_ops(largest: int, *, most: int) -> st.SearchStrategy[list[tuple[int, int, int]]]:
+    """Up to ``most`` requests: (which of two gateways, size up to ``largest``, its correction
+    from a full refund to an overrun of a sixth of ``largest``)."""
+    return st.lists(
         st.tuples(
             st.integers(min_value=0, max_value=1),
-            st.integers(min_value=1, max_value=30_000),
-            st.integers(min_value=-30_000, max_value=5_000),
+            st.integers(min_value=1, max_value=largest),
+            st.integers(min_value=-largest, max_value=largest // 6),
         ),
         min_size=1,
-        max_size=150,
-    ),
-)
+        max_size=most,
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(min_value=1, max_value=2_000_000), ops=gateway_ops(30_000, most=150))
 def test_every_unit_is_in_the_store_a_slice_or_a_request(
     capacity: int, ops: list[tuple[int, int, int]]
 ) -> None:
@@ -365,6 +368,42 @@ def test_every_unit_is_in_the_store_a_slice_or_a_request(
         for store in stores:
             await store.aclose()
         assert shared.level(tpm) == pytest.approx(min(capacity, capacity - holding))
+
+    asyncio.run(scenario())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    capacities=st.lists(st.integers(min_value=1, max_value=400_000), min_size=2, max_size=4),
+    ops=gateway_ops(4_000, most=120),
+)
+def test_a_request_over_several_buckets_takes_from_every_slice_or_from_none(
+    capacities: list[int], ops: list[tuple[int, int, int]]
+) -> None:
+    """Each request charges every bucket at once (a tenant's and a project's rpm and tpm): a
+    slice that cannot cover its part undoes what the slices before it gave. On a frozen clock,
+    per bucket, the store's level plus both slices is the capacity less what admitted requests
+    hold, whichever bucket refused."""
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        shared = _SharedMemory(clock)
+        stores = [LeasedStore(shared, clock=clock) for _ in range(2)]
+        buckets = [Bucket(f"{{t:multi}}:{i}", "tenant", "tpm", c) for i, c in enumerate(capacities)]
+        holding = [0] * len(buckets)
+        for gateway, size, correction in ops:
+            charges = [Charge(b, size) for b in buckets]
+            if (await stores[gateway].reserve(charges)).admitted:
+                delta = max(correction, -size)
+                await stores[gateway].settle([Charge(b, delta) for b in buckets], uuid.uuid4().hex)
+                holding = [h + size + delta for h in holding]
+            for _ in range(3):
+                await asyncio.sleep(0)  # top-ups land
+        for b, capacity, held in zip(buckets, capacities, holding, strict=True):
+            slices = stores[0].held(b.key) + stores[1].held(b.key)
+            assert shared.level(b) + slices == pytest.approx(capacity - held)
+        for store in stores:
+            await store.aclose()
 
     asyncio.run(scenario())
 

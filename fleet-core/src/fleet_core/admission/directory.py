@@ -207,12 +207,12 @@ class CatalogDirectory:
         return self._default_max_tokens
 
     def authenticate(self, authorization: str | None) -> Principal:
-        principal = self.lookup(bearer_token(authorization))
-        if principal is None:
+        entry = self._catalog.keys.get(digest(bearer_token(authorization)))  # `lookup`, inline
+        if entry is None:
             raise AuthenticationError("Incorrect API key provided.")
         if self._on_seen is not None:
-            self._on_seen(principal.key_id)
-        return principal
+            self._on_seen(entry.principal.key_id)
+        return entry.principal
 
     def lookup(self, secret: str) -> Principal | None:
         entry = self._catalog.keys.get(digest(secret))

@@ -152,7 +152,7 @@ class LeasedStore:
     def _take(self, charges: Sequence[Charge]) -> bool:
         """Take every charge from its slice, or none (a bucket named twice is taken twice)."""
         leases = self._leases
-        taken = 0
+        taken: list[_Lease] = []  # each slice looked up once, for the top-ups or the rollback
         for charge in charges:
             lease = leases.get(charge.bucket.key)
             amount = charge.amount
@@ -166,15 +166,13 @@ class LeasedStore:
             lease.allowance -= amount
             lease.used += amount
             lease.last = amount
-            taken += 1
+            taken.append(lease)
         else:
-            for charge in charges:
-                lease = leases[charge.bucket.key]
+            for lease in taken:
                 if lease.allowance < lease.top_up_below and not lease.asking:
                     self._top_up(lease)
             return True
-        for charge in charges[:taken]:  # roll back: all or nothing
-            lease = leases[charge.bucket.key]
+        for lease, charge in zip(taken, charges):  # noqa: B905 (roll back: all or nothing)
             lease.allowance += charge.amount
             lease.used -= charge.amount
         return False

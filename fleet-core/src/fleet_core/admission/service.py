@@ -124,6 +124,10 @@ class Admission:
         on_store_error: OnStoreError = "closed",
     ) -> None:
         self._directory = directory
+        # The directory's own methods, bound once: every request authenticates and is rated
+        # (twice), and a method here that only passed the call on cost a frame each time.
+        self.authenticate: Callable[[str | None], Principal] = directory.authenticate
+        self.rates: Callable[[str], Rates | None] = directory.rates
         self._store = store
         self._metrics = metrics
         self._budgets = budgets or BudgetBook()
@@ -162,12 +166,6 @@ class Admission:
     @property
     def budgets(self) -> BudgetBook:
         return self._budgets
-
-    def authenticate(self, authorization: str | None) -> Principal:
-        return self._directory.authenticate(authorization)
-
-    def rates(self, model: str) -> Rates | None:
-        return self._directory.rates(model)
 
     async def ready(self) -> str | None:
         """Why admission cannot work right now, or None. Failing open never blocks readiness."""
@@ -328,10 +326,12 @@ class Admission:
         delta = used.tokens_input + used.tokens_output - reservation.tokens
         if delta == 0:
             return
+        pending = self._pending
         for charge in reservation.charges:
             if charge.bucket.dimension == "tpm":
-                self._pending[charge.bucket] = self._pending.get(charge.bucket, 0) + delta
-        self._flush_later()
+                pending[charge.bucket] = pending.get(charge.bucket, 0) + delta
+        if self._flusher is None:  # else the flush under way takes this one too
+            self._flush_later()
 
     def budgets_refreshed(self, used: Mapping[str, int], started_at: float) -> None:
         """New rollup figures: take what every gateway now reads in the rollups out of this

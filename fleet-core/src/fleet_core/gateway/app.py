@@ -110,7 +110,7 @@ async def open_database_mode(
             pool,
             spool_path=settings.spool_path,
             flush_interval_s=settings.ledger_flush_s,
-            on_commit=lambda batch: budgets.committed(r.request_id for r in batch),
+            on_commit=lambda batch: budgets.committed([r.request_id for r in batch]),
         )
         async with ledger:
             try:

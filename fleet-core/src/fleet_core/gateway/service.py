@@ -237,7 +237,7 @@ class GatewayService:
         prompt = exchange.prompt_tokens
         rates = self._admission.rates(exchange.pool.name)
         units = rates.micro_units(fresh=prompt, cached=0, output=completion) if rates else 0
-        demand = Amounts(tokens_input=prompt, tokens_output=completion, units=units)
+        demand = Amounts(prompt, completion, 0, units)  # by position: per request, cheaper
         exchange.reservation = await self._admission.admit(exchange.principal, demand)
         self._metrics.request_started(request.model or exchange.pool.name)
 
@@ -328,12 +328,7 @@ class GatewayService:
         self._metrics.request_finished(record.model)
         self._metrics.observe(record)
         prompt, completion, cached = record.billed_tokens()
-        used = Amounts(
-            tokens_input=prompt,
-            tokens_output=completion,
-            tokens_cached=cached,
-            units=record.units or 0,
-        )
+        used = Amounts(prompt, completion, cached, record.units or 0)  # (input, output, ...)
         self._admission.settle(exchange.reservation, used, request_id=record.request_id)
 
     def _count(self, exchange: Exchange, record: UsageRecord) -> None:

@@ -201,7 +201,8 @@ class LedgerWriter:
         await self._caught_up.wait()
 
     def record(self, record: UsageRecord) -> None:
-        self._caught_up.clear()
+        if not self._queue:  # while the queue holds a record, the writer is not caught up
+            self._caught_up.clear()
         if self._closing or len(self._queue) >= self._queue_limit:
             self._overflow(record)
             return
