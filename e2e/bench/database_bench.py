@@ -61,8 +61,9 @@ from bench.gateway_bench import (
 )
 from bench.ledger_bench import postgres_server, scratch_database
 from bench.waiting import wait_for
-from fleet_core.admission import catalog
+from fleet_core.admission import catalog, leases
 from fleet_core.gateway import main as gateway_main
+from fleet_core.settings import DatabaseModeSettings
 
 __all__ = ["report", "run"]
 
@@ -271,6 +272,12 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+AFTERMATH_S = leases.IDLE_S + 2 * leases.SWEEP_S + DatabaseModeSettings.ledger_flush_s
+"""How long a gateway's own work outlasts its load: the ledger's last batch, the lease slices
+given back once idle. Every cell waits this long after it, so that the next target (always
+the same one: rotation keeps the order) does not pay for it (ADR 0002, session 19)."""
+
+
 def measure(target: Target, cell: str) -> Cell:
     """One cell against ``target``, with the gateway's CPU milliseconds per request answered
     (warm-up included, which runs at the same rate): what one request costs the gateway,
@@ -278,6 +285,7 @@ def measure(target: Target, cell: str) -> Cell:
     before = _cpu_s(target.pid)
     figures = load(target.url, cell, target.key)
     used = _cpu_s(target.pid) - before
+    time.sleep(AFTERMATH_S)
     answered = (figures["requests"] + figures["errors"]) * (1 + min(1.0, SECONDS / 4) / SECONDS)
     return {**figures, "cpu_ms": used * 1000 / max(answered, 1)}
 
@@ -313,6 +321,7 @@ def run(rows: int = ROWS) -> dict[str, object]:
                     ledgers.setdefault(target.name, []).append(
                         load(target.url, "sequential", SECRET)
                     )
+                    time.sleep(AFTERMATH_S)
                 for t in pair:
                     logged[t.name] = _distinct([*logged.get(t.name, []), *_warnings(t.log)])
         refresh_empty = asyncio.run(_refresh_ms(empty))

@@ -2,7 +2,9 @@
 
 Every process is separate (engine, proxies, gateways, load generator) and all share this machine's
 cores, so absolute numbers are noisy; the ratios within one run, taken round by round over
-interleaved rounds, are what the targets judge (issue 21):
+interleaved rounds, are what the targets judge (issue 21). Every round starts the targets afresh
+(all but the stub engine and LiteLLM): two processes of one server differ steadily by up to a
+tenth, which rounds of one process each could never average out (ADR 0002, session 19).
 
 - the floor is a pass-through proxy on aiohttp's own server and client (``aiohttp_proxy.py``):
   gateway throughput >= 70% of it at c=32 and c=64, plain and stream. The Starlette bare proxy on
