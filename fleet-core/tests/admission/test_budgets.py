@@ -20,7 +20,6 @@ from fleet_core.admission.budgets import (
     BudgetHold,
     book_key,
     free_after,
-    scopes_of,
 )
 from fleet_core.admission.directory import BudgetRule
 from fleet_core.admission.limits import Decision
@@ -273,10 +272,8 @@ async def test_a_request_served_before_its_rule_existed_counts_until_rolled_up()
     store = MemoryStore()
     book = BudgetBook(grace_s=2.0, ledger=True)
     book.refreshed({}, started_at=0.0)
-    book.settle_unheld(
-        scopes_of("acme", "x"), Amounts(tokens_input=12, tokens_output=8), request_id="r0"
-    )
-    book.settle_unheld(scopes_of("globex", "x"), Amounts(tokens_input=50), request_id="r1")
+    book.settle_unheld("acme", "x", Amounts(tokens_input=12, tokens_output=8), request_id="r0")
+    book.settle_unheld("globex", "x", Amounts(tokens_input=50), request_id="r1")
     book.refreshed({"rule_a": 0}, started_at=1.0)  # the rule appears; the ledger lacks r0 yet
     assert book.usage(RULE) == 20
     assert book.unrolled(RULE) == 20
@@ -294,8 +291,63 @@ async def test_a_request_served_before_its_rule_existed_counts_until_rolled_up()
 
 async def test_without_a_ledger_unheld_requests_are_not_tracked() -> None:
     book = BudgetBook()
-    book.settle_unheld(scopes_of("acme", "x"), Amounts(tokens_input=12), request_id="r0")
+    book.settle_unheld("acme", "x", Amounts(tokens_input=12), request_id="r0")
     assert book.usage(RULE) == 0
+
+
+_UNHELD_STEP = st.one_of(
+    st.tuples(  # a request of a tenant's project settles with no rule: what it used
+        st.just("settle"),
+        st.sampled_from([("acme", "x"), ("acme", "y"), ("globex", "x")]),
+        st.integers(0, 50),
+        st.integers(0, 50),
+    ),
+    st.tuples(st.just("commit"), st.just(("", "")), st.integers(0, 4), st.integers(0, 3)),
+    st.tuples(st.just("refresh"), st.just(("", "")), st.just(0), st.just(0)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(_UNHELD_STEP, max_size=60), limit=st.integers(1, 6))
+def test_unheld_use_counts_per_tenant_and_project_until_rolled_up(
+    steps: list[tuple[str, tuple[str, str], int, int]], limit: int
+) -> None:
+    """Against a model that keeps every unheld request: its use counts for its tenant's and its
+    project's rules from settlement until a refresh a grace after the ledger committed it, and
+    past ``RECENT_LIMIT`` the oldest uncommitted (or committed) request leaves at once."""
+    rules = {
+        "acme": BudgetRule("rule_t", "tenant", "acme", "tokens_total", 10**9, 3600),
+        "acme/x": BudgetRule("rule_x", "project", "acme/x", "tokens_input", 10**9, 3600),
+        "acme/y": BudgetRule("rule_y", "project", "acme/y", "tokens_output", 10**9, 3600),
+    }
+    with mock.patch.object(budgets, "RECENT_LIMIT", limit):
+        book = BudgetBook(grace_s=2.0, ledger=True)
+        uncommitted: dict[str, tuple[str, str, Amounts]] = {}
+        committed: list[tuple[float, str, str, Amounts]] = []
+        now = 0.0
+        for n, (kind, (tenant, project), first, second) in enumerate(steps):
+            now += 1.0
+            if kind == "settle":
+                used = Amounts(tokens_input=first, tokens_output=second)
+                book.settle_unheld(tenant, project, used, request_id=f"r{n}")
+                if used != Amounts():
+                    uncommitted[f"r{n}"] = (tenant, project, used)
+                    if len(uncommitted) > limit:
+                        del uncommitted[next(iter(uncommitted))]
+            elif kind == "commit":  # a ledger batch: some of the oldest, one id it never saw
+                ids = [*list(uncommitted)[first : first + second], "unknown"]
+                book.committed(ids, at=now)
+                committed += [(now, *uncommitted.pop(rid)) for rid in ids[:-1]]
+            else:
+                book.refreshed({}, started_at=now)
+                committed = [entry for entry in committed if entry[0] >= now - 2.0]
+                committed = committed[-limit:]
+            kept = [(t, p, used) for _, t, p, used in committed] + list(uncommitted.values())
+            for scope, rule in rules.items():
+                expected = sum(
+                    used.get(rule.dimension) for t, p, used in kept if scope in (t, f"{t}/{p}")
+                )
+                assert book.usage(rule) == expected, (scope, kept)
 
 
 def test_a_demand_above_the_limit_can_never_fit() -> None:

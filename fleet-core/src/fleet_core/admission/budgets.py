@@ -29,9 +29,10 @@ gateway's allowance expires (after at most ``ttl_s``).
 
 A request admitted while no rule applied to it (a rule created a moment ago, not yet in this
 gateway's catalog) reserves nothing, so its usage is invisible to a new rule until the rollups
-show it. The book therefore also counts, per scope, what such **unheld** requests used, from
-their settlement until the rollups show them (the same rule as for settled requests), and adds
-it to ``used`` for any rule of that scope.
+show it. The book therefore also counts, per tenant and per project, what such **unheld**
+requests used, from their settlement until the rollups show them (the same rule as for settled
+requests), and adds it to ``used`` for any rule of that scope. Most requests of a deployment
+meet no rule, so this is a sum per scope and one entry per request, nothing per rule.
 
 Everything is integer arithmetic. ADR 0004 says what is still approximate.
 """
@@ -44,9 +45,10 @@ import itertools
 import operator
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 
@@ -59,10 +61,8 @@ __all__ = [
     "BudgetBook",
     "BudgetExceeded",
     "BudgetHold",
-    "Scope",
     "book_key",
     "free_after",
-    "scopes_of",
 ]
 
 RECENT_LIMIT = 200_000
@@ -82,14 +82,6 @@ caps it at a share of the rule's room (`lib_holds.lua`'s SLACK_SHARE)."""
 
 SLACK_REQUESTS = 4
 """The least slack a growth asks for, in multiples of the asking request's own demand."""
-
-Scope = tuple[str, str]
-"""A rule's scope: ("tenant", tenant id) or ("project", "tenant/project")."""
-
-
-def scopes_of(tenant: str, project: str) -> tuple[Scope, Scope]:
-    """The scopes whose rules apply to a request of ``tenant``'s ``project``."""
-    return ("tenant", tenant), ("project", f"{tenant}/{project}")
 
 
 class Amounts(msgspec.Struct, frozen=True):
@@ -154,6 +146,7 @@ DIMENSIONS: tuple[BudgetDimension, ...] = (
 """The order of `Amounts.vector`."""
 
 Picker = Callable[[tuple[int, ...]], tuple[int, ...]]
+_K = TypeVar("_K")
 
 
 def picker(rules: Sequence[BudgetRule]) -> Picker:
@@ -240,12 +233,13 @@ class BudgetExceeded(RateLimited):
     default_code = "budget_exceeded"
 
 
-class _Unheld(msgspec.Struct, gc=False):
-    """A request settled without a hold: what it used, against its scopes, until rolled up."""
-
-    scopes: tuple[Scope, ...]
-    used: Amounts
-    committed_at: float | None = None
+def _take_out(sums: dict[_K, Amounts], key: _K, used: Amounts) -> None:
+    """Subtract ``used`` from ``sums[key]``, forgetting the key once it holds nothing."""
+    left = sums[key] - used
+    if left == NOTHING:
+        del sums[key]
+    else:
+        sums[key] = left
 
 
 def book_key(rule: BudgetRule, *, prefix: str = "") -> str:
@@ -323,9 +317,16 @@ class BudgetBook:
         """(commit time, book key -> use) per committed batch, in commit order: a refresh
         takes the oldest ones its cutoff passed out of the entries."""
         self._ledger = ledger
-        self._unheld: OrderedDict[str, _Unheld] = OrderedDict()
-        """Request id -> what an unheld request used, until the rollups show it."""
-        self._unheld_sums: dict[Scope, Amounts] = {}
+        self._unheld: dict[str, tuple[tuple[str, str], Amounts]] = {}
+        """Request id -> (tenant, project) and what an unheld request used, from its settlement
+        until the ledger commits its record, oldest first."""
+        self._unheld_committed: deque[tuple[float, tuple[str, str], Amounts]] = deque()
+        """(commit time, (tenant, project), use) of unheld requests the ledger committed, in
+        commit order, until a refresh past the grace drops them."""
+        self._unheld_tenants: dict[str, Amounts] = {}
+        """Tenant -> what its unheld requests used that the rollups may not show yet."""
+        self._unheld_projects: dict[tuple[str, str], Amounts] = {}
+        """(tenant, project) -> the same, per project."""
         self._touched_at = time.monotonic()
         self._refreshed_at: float | None = None
         self.wanted = asyncio.Event()
@@ -342,9 +343,14 @@ class BudgetBook:
         return self._used.get(rule.id, 0) + self._unheld_usage(rule)
 
     def _unheld_usage(self, rule: BudgetRule) -> int:
-        if not self._unheld_sums:  # the usual case: every request was held
+        if not self._unheld_tenants:  # the usual case where rules apply: every request was held
             return 0
-        return self._unheld_sums.get((rule.scope_kind, rule.scope_id), NOTHING).get(rule.dimension)
+        if rule.scope_kind == "tenant":
+            found = self._unheld_tenants.get(rule.scope_id, NOTHING)
+        else:
+            tenant, _, project = rule.scope_id.partition("/")
+            found = self._unheld_projects.get((tenant, project), NOTHING)
+        return found.get(rule.dimension)
 
     def knows(self, rules: Sequence[BudgetRule]) -> bool:
         """Whether the last refresh covered every one of ``rules`` (a new rule: not yet)."""
@@ -527,38 +533,38 @@ class BudgetBook:
             self._commit([settled.pop(next(iter(settled)))], time.monotonic())
         return grown
 
-    def settle_unheld(self, scopes: Sequence[Scope], used: Amounts, *, request_id: str) -> None:
-        """Count what a request admitted under no rule used, until the rollups show it."""
-        if not self._ledger or used == NOTHING or request_id in self._unheld:
+    def settle_unheld(self, tenant: str, project: str, used: Amounts, *, request_id: str) -> None:
+        """Count what a request admitted under no rule used, until the rollups show it.
+        Written for few operations: most requests pass here (a scope with no rule)."""
+        unheld = self._unheld
+        if not self._ledger or used == NOTHING or request_id in unheld:
             return
-        self._unheld[request_id] = _Unheld(tuple(scopes), used)
-        self._count_unheld(self._unheld[request_id], add=True)
-        while len(self._unheld) > RECENT_LIMIT:
-            _, dropped = self._unheld.popitem(last=False)
-            self._count_unheld(dropped, add=False)
+        pair = (tenant, project)
+        unheld[request_id] = (pair, used)
+        tenants, projects = self._unheld_tenants, self._unheld_projects
+        tenants[tenant] = tenants.get(tenant, NOTHING) + used
+        projects[pair] = projects.get(pair, NOTHING) + used
+        if len(unheld) > RECENT_LIMIT:  # the oldest leaves at once, as if rolled up
+            self._uncount_unheld(*unheld.pop(next(iter(unheld))))
 
-    def _count_unheld(self, entry: _Unheld, *, add: bool) -> None:
-        for scope in entry.scopes:
-            before = self._unheld_sums.get(scope, NOTHING)
-            after = before + entry.used if add else before - entry.used
-            if after == NOTHING:
-                self._unheld_sums.pop(scope, None)
-            else:
-                self._unheld_sums[scope] = after
+    def _uncount_unheld(self, pair: tuple[str, str], used: Amounts) -> None:
+        """Take an unheld request's use out of its tenant's and its project's sums."""
+        _take_out(self._unheld_tenants, pair[0], used)
+        _take_out(self._unheld_projects, pair, used)
 
     def committed(self, request_ids: Iterable[str], *, at: float | None = None) -> None:
         """The ledger committed these records (called by the ledger writer, per batch): their
         use, summed per rule, leaves the entries once a refresh past the grace returns."""
         stamp = time.monotonic() if at is None else at
-        settled, found = self._settled, []
+        settled, unheld, found = self._settled, self._unheld, []
         for request_id in request_ids:
             entry = settled.pop(request_id, None)
             if entry is not None:
                 found.append(entry)
-            elif self._unheld:
-                unheld = self._unheld.get(request_id)
-                if unheld is not None and unheld.committed_at is None:
-                    unheld.committed_at = stamp
+            elif unheld:
+                moved = unheld.pop(request_id, None)
+                if moved is not None:
+                    self._unheld_committed.append((stamp, *moved))
         if found:
             self._commit(found, stamp)
 
@@ -621,13 +627,13 @@ class BudgetBook:
         self._same.clear()
 
     def _drop_unheld(self, cutoff: float) -> None:
-        rolled = [
-            rid
-            for rid, e in self._unheld.items()
-            if e.committed_at is not None and e.committed_at < cutoff
-        ]
-        for request_id in rolled:
-            self._count_unheld(self._unheld.pop(request_id), add=False)
+        committed = self._unheld_committed
+        while committed and committed[0][0] < cutoff:  # commit times only grow
+            _, pair, used = committed.popleft()
+            self._uncount_unheld(pair, used)
+        while len(committed) > RECENT_LIMIT:  # (refreshes failing while the ledger commits)
+            _, pair, used = committed.popleft()
+            self._uncount_unheld(pair, used)
 
     def touches(self, *, now: float | None = None) -> list[HoldUpdate]:
         """Every ``ttl_s / 4``, the entries holding something and not written for that long,

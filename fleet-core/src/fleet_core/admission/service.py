@@ -43,7 +43,6 @@ from fleet_core.admission.budgets import (
     BudgetBook,
     BudgetExceeded,
     BudgetHold,
-    scopes_of,
 )
 from fleet_core.admission.directory import BudgetRule, Directory, Rates
 from fleet_core.admission.keys import Principal
@@ -321,8 +320,9 @@ class Admission:
                 self._queue_holds(grown)
         else:
             principal = reservation.principal
-            scopes = scopes_of(principal.tenant, principal.project)
-            self._budgets.settle_unheld(scopes, used, request_id=request_id)
+            self._budgets.settle_unheld(
+                principal.tenant, principal.project, used, request_id=request_id
+            )
         delta = used.tokens_input + used.tokens_output - reservation.tokens
         if delta == 0:
             return
