@@ -25,7 +25,9 @@ def test_a_dump_is_read_by_its_totals_line_not_its_summary(tmp_path: Path) -> No
         bench.dumped_total(tmp_path / "empty")
 
 
-def _counts(floor: float, gateway: float, database: float) -> bench.Counts:
+def _counts(
+    floor: float, gateway: float, database: float, ruleless: float | None = None
+) -> bench.Counts:
     def cell(per_request: float) -> dict[str, float]:
         return {"instructions": per_request * 1000, "requests": 1000.0, "redis_scripts": 10.0}
 
@@ -34,6 +36,11 @@ def _counts(floor: float, gateway: float, database: float) -> bench.Counts:
         bench.GATEWAY: {c: cell(gateway) for c in bench.FLOOR_CELLS},
         bench.DB_MODE: {c: cell(database) for c in bench.DB_CELLS},
         bench.FULL_SPEED: {c: cell(0) for c in bench.DB_CELLS},
+        **(
+            {}
+            if ruleless is None
+            else {bench.RULELESS: {c: cell(ruleless) for c in bench.DB_CELLS}}
+        ),
     }
 
 
@@ -51,6 +58,15 @@ def test_the_verdicts_are_the_ratios_of_instructions_per_request(
     assert len(database_rows) == len(bench.DB_CELLS)
     assert all(row.endswith("| met |") == floor_met for row in floor_rows)
     assert all(row.endswith("| met |") == database_met for row in database_rows)
+
+
+def test_a_tenant_with_no_budget_rule_is_judged_beside_the_one_under_three() -> None:
+    lines = bench.report((_counts(700, 1000, 1200, ruleless=1100), "", []))
+    rules = [line for line in lines if line.startswith("| no auth / database mode (three")]
+    ruleless = [line for line in lines if line.startswith("| no auth / database mode (no")]
+    assert len(rules) == len(ruleless) == len(bench.DB_CELLS)
+    assert all(row.endswith("| 83% | NOT met |") for row in rules)
+    assert all(row.endswith("| 91% | met |") for row in ruleless)
 
 
 def test_without_its_tools_the_section_says_skipped_and_why() -> None:
