@@ -266,6 +266,28 @@ async def test_a_growth_given_up_before_it_arrives_is_refused() -> None:
     assert store.held(book_key(RULE)) == 0
 
 
+async def test_growths_asked_together_make_the_entry_once() -> None:
+    """The clean-clone failure of session 21 (two gateways under load, one entry 22,418 in a
+    book of limit 5,000): requests asked to grow the entry before the store had it, and the
+    first growth to land made it at a figure counting the others' needs as granted; each of
+    them, landing after, added its growth again. An entry is made from what the store has
+    confirmed, never from growths still on their way."""
+    store = MemoryStore()
+    book = BudgetBook()
+    book.refreshed({}, started_at=0.0)
+    asked = [book.hold([RULE_BIG], Amounts(tokens_output=n)) for n in (10, 20, 30)]
+    assert all(asks for _, asks in asked)  # no slack yet: every one asks, none answered
+    for hold, asks in reversed(asked):  # the last asked lands first (another connection)
+        assert (await store.reserve([], asks)).admitted
+        assert book.placed(hold)
+    assert store.held(book_key(RULE_BIG)) == book.allowance(RULE_BIG)[0]
+    for hold, _ in asked:  # and the deltas from here on keep the two equal
+        await store.update_holds(book.settle(hold, hold.demand, request_id=str(id(hold))))
+    for started_at in (1.0, 2.0):  # slack given back
+        await store.update_holds(book.refreshed({}, started_at=started_at))
+    assert store.held(book_key(RULE_BIG)) == book.allowance(RULE_BIG)[0]
+
+
 async def test_a_request_served_before_its_rule_existed_counts_until_rolled_up() -> None:
     """The CI failure of stop 22: a request admitted before the gateway knew a new rule held
     nothing, and its record was not yet in the rollups, so the rule admitted 20 tokens too many."""

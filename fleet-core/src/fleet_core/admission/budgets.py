@@ -173,6 +173,9 @@ class _Allowance:
     key: str
     """The rule's book in the store."""
     allowance: int = 0
+    asking: int = 0
+    """Growths asked for and not answered yet: counted in ``allowance`` as if granted, not in
+    what the store is told the entry is (`confirmed`)."""
     in_flight: int = 0
     """Reserved by requests admitted and not yet settled."""
     unrolled: int = 0
@@ -192,6 +195,13 @@ class _Allowance:
     @property
     def slack(self) -> int:
         return self.allowance - self.in_flight - self.unrolled - self.withheld
+
+    @property
+    def confirmed(self) -> int:
+        """The entry as the store has it once every answered change has landed: what an entry
+        the store lost is made again at. Growths still on their way are left out, or each would
+        count twice: in the entry made again, and again when it lands."""
+        return self.allowance - self.asking
 
 
 class _RuleSet(msgspec.Struct, gc=False):
@@ -469,12 +479,13 @@ class BudgetBook:
                     extra,
                     rule.limit,
                     base,
-                    allowance.allowance,
+                    allowance.confirmed,
                     self._ttl_ms,
                 )
             )
             # Counted at once as if granted, so that a request meanwhile does not ask for it too.
             allowance.allowance += need
+            allowance.asking += need
             allowance.in_flight += amount
             allowance.admitted += amount
         return BudgetHold(found, demand, amounts, tuple(asks)), asks
@@ -487,6 +498,7 @@ class BudgetBook:
         now = time.monotonic()
         for ask, allowance in zip(hold.asks, hold.set.allowances, strict=True):
             allowance.allowance += (ask.granted or 0) - ask.need
+            allowance.asking -= ask.need
             allowance.written_at = now
         return True
 
@@ -503,6 +515,7 @@ class BudgetBook:
             if not hold.asks:
                 continue
             ask = hold.asks[index]
+            allowance.asking -= ask.need
             if ask.granted is None:
                 allowance.allowance -= ask.need
                 undo.append(self._update(allowance, 0, grant=ask.grant))
@@ -656,7 +669,7 @@ class BudgetBook:
     ) -> HoldUpdate:
         allowance.written_at = time.monotonic() if now is None else now
         return HoldUpdate(
-            allowance.key, self.owner, delta, allowance.allowance, self._ttl_ms, grant=grant
+            allowance.key, self.owner, delta, allowance.confirmed, self._ttl_ms, grant=grant
         )
 
     def _rule_set(self, rules: Sequence[BudgetRule]) -> _RuleSet:

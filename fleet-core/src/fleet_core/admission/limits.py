@@ -81,7 +81,8 @@ class Hold(msgspec.Struct):
     base: int
     """What the rule's rollups count (as this gateway last read them), besides the entries."""
     keep: int
-    """The entry as its gateway means it before this growth: made again if the store lost it."""
+    """The entry as the store has confirmed it before this growth (growths still unanswered
+    left out): made again at this plus the growth if the store does not have it."""
     ttl_ms: int
     """The entry is dropped this long after it was last written, unless written again."""
     granted: int | None = None
@@ -93,7 +94,8 @@ class HoldUpdate(msgspec.Struct, frozen=True):
 
     Applied at most once per ``batch`` (so a call whose reply was lost can be sent again). An
     entry the store no longer has (it expired, or the store lost it) is made again at ``keep``,
-    what the gateway means it to be after this update. ``grant``: first take back that growth,
+    what the gateway means it to be after this update, its growths still unanswered left out
+    (each adds itself when it lands). ``grant``: first take back that growth,
     if it was made and not yet taken back (its admission's answer was lost)."""
 
     key: str
