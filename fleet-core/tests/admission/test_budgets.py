@@ -329,14 +329,20 @@ _UNHELD_STEP = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
-@given(steps=st.lists(_UNHELD_STEP, max_size=60), limit=st.integers(1, 6))
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=st.lists(_UNHELD_STEP, max_size=60),
+    limit=st.integers(1, 6),
+    asked_from=st.integers(0, 12),
+)
 def test_unheld_use_counts_per_tenant_and_project_until_rolled_up(
-    steps: list[tuple[str, tuple[str, str], int, int]], limit: int
+    steps: list[tuple[str, tuple[str, str], int, int]], limit: int, asked_from: int
 ) -> None:
     """Against a model that keeps every unheld request: its use counts for its tenant's and its
     project's rules from settlement until a refresh a grace after the ledger committed it, and
-    past ``RECENT_LIMIT`` the oldest uncommitted (or committed) request leaves at once."""
+    past ``RECENT_LIMIT`` the oldest uncommitted (or committed) request leaves at once. The book
+    sums a scope's use only once a rule asks about it (from step ``asked_from`` on): what it
+    summed then and kept since must match the model as well as summing from the start."""
     rules = {
         "acme": BudgetRule("rule_t", "tenant", "acme", "tokens_total", 10**9, 3600),
         "acme/x": BudgetRule("rule_x", "project", "acme/x", "tokens_input", 10**9, 3600),
@@ -364,12 +370,32 @@ def test_unheld_use_counts_per_tenant_and_project_until_rolled_up(
                 book.refreshed({}, started_at=now)
                 committed = [entry for entry in committed if entry[0] >= now - 2.0]
                 committed = committed[-limit:]
+            if n < asked_from:
+                continue
             kept = [(t, p, used) for _, t, p, used in committed] + list(uncommitted.values())
             for scope, rule in rules.items():
                 expected = sum(
                     used.get(rule.dimension) for t, p, used in kept if scope in (t, f"{t}/{p}")
                 )
                 assert book.usage(rule) == expected, (scope, kept)
+
+
+def test_past_the_limit_only_the_oldest_committed_requests_leave() -> None:
+    """The ledger commits unheld requests a batch at a time; past ``RECENT_LIMIT`` a refresh
+    drops the oldest requests one by one, splitting a batch rather than dropping it whole."""
+    rule = BudgetRule("rule_t", "tenant", "acme", "tokens_input", 10**9, 3600)
+    with mock.patch.object(budgets, "RECENT_LIMIT", 3):
+        book = BudgetBook(grace_s=2.0, ledger=True)
+        for n, used in enumerate((1, 10, 100, 1000)):
+            book.settle_unheld("acme", "x", Amounts(tokens_input=used), request_id=f"r{n}")
+            if n == 2:
+                book.committed(["r0", "r1", "r2"], at=1.0)
+                assert book.usage(rule) == 111  # asked about with committed requests held
+        book.committed(["r3"], at=1.5)
+        book.refreshed({}, started_at=2.0)  # nothing rolled up yet: four held, one too many
+        assert book.usage(rule) == 1110
+        book.refreshed({}, started_at=3.4)  # the first batch's grace has passed
+        assert book.usage(rule) == 1000
 
 
 def test_a_demand_above_the_limit_can_never_fit() -> None:

@@ -29,10 +29,11 @@ gateway's allowance expires (after at most ``ttl_s``).
 
 A request admitted while no rule applied to it (a rule created a moment ago, not yet in this
 gateway's catalog) reserves nothing, so its usage is invisible to a new rule until the rollups
-show it. The book therefore also counts, per tenant and per project, what such **unheld**
-requests used, from their settlement until the rollups show them (the same rule as for settled
-requests), and adds it to ``used`` for any rule of that scope. Most requests of a deployment
-meet no rule, so this is a sum per scope and one entry per request, nothing per rule.
+show it. The book therefore also keeps what such **unheld** requests used, from their settlement
+until the rollups show them (the same rule as for settled requests), and adds it to ``used`` for
+any rule of their tenant or project. Most requests of a deployment meet no rule, so each costs one
+entry (and one per ledger batch once committed); a scope's sum is made from the entries when a
+rule first asks about it, and kept from then on.
 
 Everything is integer arithmetic. ADR 0004 says what is still approximate.
 """
@@ -48,7 +49,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import msgspec
 
@@ -146,7 +146,6 @@ DIMENSIONS: tuple[BudgetDimension, ...] = (
 """The order of `Amounts.vector`."""
 
 Picker = Callable[[tuple[int, ...]], tuple[int, ...]]
-_K = TypeVar("_K")
 
 
 def picker(rules: Sequence[BudgetRule]) -> Picker:
@@ -243,13 +242,8 @@ class BudgetExceeded(RateLimited):
     default_code = "budget_exceeded"
 
 
-def _take_out(sums: dict[_K, Amounts], key: _K, used: Amounts) -> None:
-    """Subtract ``used`` from ``sums[key]``, forgetting the key once it holds nothing."""
-    left = sums[key] - used
-    if left == NOTHING:
-        del sums[key]
-    else:
-        sums[key] = left
+_Unheld = tuple[str, str, "Amounts"]
+"""An unheld request's tenant, project and what it used."""
 
 
 def book_key(rule: BudgetRule, *, prefix: str = "") -> str:
@@ -327,15 +321,19 @@ class BudgetBook:
         """(commit time, book key -> use) per committed batch, in commit order: a refresh
         takes the oldest ones its cutoff passed out of the entries."""
         self._ledger = ledger
-        self._unheld: dict[str, tuple[tuple[str, str], Amounts]] = {}
-        """Request id -> (tenant, project) and what an unheld request used, from its settlement
+        self._unheld: dict[str, _Unheld] = {}
+        """Request id -> tenant, project and what an unheld request used, from its settlement
         until the ledger commits its record, oldest first."""
-        self._unheld_committed: deque[tuple[float, tuple[str, str], Amounts]] = deque()
-        """(commit time, (tenant, project), use) of unheld requests the ledger committed, in
-        commit order, until a refresh past the grace drops them."""
-        self._unheld_tenants: dict[str, Amounts] = {}
-        """Tenant -> what its unheld requests used that the rollups may not show yet."""
-        self._unheld_projects: dict[tuple[str, str], Amounts] = {}
+        self._unheld_committed: deque[tuple[float, list[_Unheld]]] = deque()
+        """(commit time, the unheld requests of one ledger batch), in commit order, until a
+        refresh past the grace drops them."""
+        self._unheld_committed_count = 0
+        """The requests in `_unheld_committed`."""
+        self._watched_tenants: dict[str, Amounts] = {}
+        """Tenant -> what its unheld requests tracked here used: only for the scopes a rule was
+        asked about (`_unheld_usage`), summed from the requests when first asked, then kept as
+        requests come and go. Most requests meet no rule: they add nothing to any sum."""
+        self._watched_projects: dict[tuple[str, str], Amounts] = {}
         """(tenant, project) -> the same, per project."""
         self._touched_at = time.monotonic()
         self._refreshed_at: float | None = None
@@ -353,14 +351,46 @@ class BudgetBook:
         return self._used.get(rule.id, 0) + self._unheld_usage(rule)
 
     def _unheld_usage(self, rule: BudgetRule) -> int:
-        if not self._unheld_tenants:  # the usual case where rules apply: every request was held
+        if not self._unheld and not self._unheld_committed:  # every request here was held
             return 0
         if rule.scope_kind == "tenant":
-            found = self._unheld_tenants.get(rule.scope_id, NOTHING)
+            found = self._watched_tenants.get(rule.scope_id)
+            if found is None:
+                found = self._watch(rule.scope_id, None)
         else:
             tenant, _, project = rule.scope_id.partition("/")
-            found = self._unheld_projects.get((tenant, project), NOTHING)
+            found = self._watched_projects.get((tenant, project))
+            if found is None:
+                found = self._watch(tenant, project)
         return found.get(rule.dimension)
+
+    def _watch(self, tenant: str, project: str | None) -> Amounts:
+        """Start keeping the unheld sum of ``tenant`` (``project`` None) or of one of its
+        projects: summed once from the requests tracked now, kept from then on."""
+        if len(self._watched_tenants) + len(self._watched_projects) >= KEY_CACHE_SIZE:
+            self._watched_tenants.clear()  # (summed again when next asked)
+            self._watched_projects.clear()
+        total = NOTHING
+        batches = (batch for _, batch in self._unheld_committed)
+        for t, p, used in itertools.chain(self._unheld.values(), *batches):
+            if t == tenant and (project is None or p == project):
+                total = total + used
+        if project is None:
+            self._watched_tenants[tenant] = total
+        else:
+            self._watched_projects[(tenant, project)] = total
+        return total
+
+    def _rewatch(self, tenant: str, project: str, used: Amounts, *, out: bool = False) -> None:
+        """Count ``used`` in (``out``: take it out of) the sums of its scopes kept here."""
+        tenants, projects = self._watched_tenants, self._watched_projects
+        found = tenants.get(tenant)
+        if found is not None:
+            tenants[tenant] = found - used if out else found + used
+        pair = (tenant, project)
+        found = projects.get(pair)
+        if found is not None:
+            projects[pair] = found - used if out else found + used
 
     def knows(self, rules: Sequence[BudgetRule]) -> bool:
         """Whether the last refresh covered every one of ``rules`` (a new rule: not yet)."""
@@ -548,38 +578,35 @@ class BudgetBook:
 
     def settle_unheld(self, tenant: str, project: str, used: Amounts, *, request_id: str) -> None:
         """Count what a request admitted under no rule used, until the rollups show it.
-        Written for few operations: most requests pass here (a scope with no rule)."""
+        Written for few operations: most requests pass here (a scope with no rule), and add
+        to a sum only where a rule was asked about its scope."""
         unheld = self._unheld
         if not self._ledger or used == NOTHING or request_id in unheld:
             return
-        pair = (tenant, project)
-        unheld[request_id] = (pair, used)
-        tenants, projects = self._unheld_tenants, self._unheld_projects
-        tenants[tenant] = tenants.get(tenant, NOTHING) + used
-        projects[pair] = projects.get(pair, NOTHING) + used
+        unheld[request_id] = (tenant, project, used)
+        if self._watched_tenants or self._watched_projects:
+            self._rewatch(tenant, project, used)
         if len(unheld) > RECENT_LIMIT:  # the oldest leaves at once, as if rolled up
-            self._uncount_unheld(*unheld.pop(next(iter(unheld))))
-
-    def _uncount_unheld(self, pair: tuple[str, str], used: Amounts) -> None:
-        """Take an unheld request's use out of its tenant's and its project's sums."""
-        _take_out(self._unheld_tenants, pair[0], used)
-        _take_out(self._unheld_projects, pair, used)
+            self._uncount_unheld([unheld.pop(next(iter(unheld)))])
 
     def committed(self, request_ids: Iterable[str], *, at: float | None = None) -> None:
         """The ledger committed these records (called by the ledger writer, per batch): their
         use, summed per rule, leaves the entries once a refresh past the grace returns."""
         stamp = time.monotonic() if at is None else at
-        settled, unheld, found = self._settled, self._unheld, []
+        settled, unheld, found, moved = self._settled, self._unheld, [], []
         for request_id in request_ids:
             entry = settled.pop(request_id, None)
             if entry is not None:
                 found.append(entry)
             elif unheld:
-                moved = unheld.pop(request_id, None)
-                if moved is not None:
-                    self._unheld_committed.append((stamp, *moved))
+                gone = unheld.pop(request_id, None)
+                if gone is not None:
+                    moved.append(gone)
         if found:
             self._commit(found, stamp)
+        if moved:  # one entry per batch: a refresh drops it whole, with no work per request
+            self._unheld_committed.append((stamp, moved))
+            self._unheld_committed_count += len(moved)
 
     def _commit(
         self, entries: list[tuple[tuple[_Allowance, ...], tuple[int, ...]]], stamp: float
@@ -642,11 +669,22 @@ class BudgetBook:
     def _drop_unheld(self, cutoff: float) -> None:
         committed = self._unheld_committed
         while committed and committed[0][0] < cutoff:  # commit times only grow
-            _, pair, used = committed.popleft()
-            self._uncount_unheld(pair, used)
-        while len(committed) > RECENT_LIMIT:  # (refreshes failing while the ledger commits)
-            _, pair, used = committed.popleft()
-            self._uncount_unheld(pair, used)
+            self._uncount_unheld(committed.popleft()[1], committed=True)
+        while self._unheld_committed_count > RECENT_LIMIT:  # (refreshes failing meanwhile)
+            stamp, batch = committed.popleft()  # the oldest leave, as if rolled up
+            excess = self._unheld_committed_count - RECENT_LIMIT
+            if len(batch) > excess:
+                committed.appendleft((stamp, batch[excess:]))
+                batch = batch[:excess]
+            self._uncount_unheld(batch, committed=True)
+
+    def _uncount_unheld(self, gone: list[_Unheld], *, committed: bool = False) -> None:
+        """Unheld requests leave: their use out of the sums kept for rules' scopes."""
+        if committed:
+            self._unheld_committed_count -= len(gone)
+        if self._watched_tenants or self._watched_projects:
+            for tenant, project, used in gone:
+                self._rewatch(tenant, project, used, out=True)
 
     def touches(self, *, now: float | None = None) -> list[HoldUpdate]:
         """Every ``ttl_s / 4``, the entries holding something and not written for that long,
