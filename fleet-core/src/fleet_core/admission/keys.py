@@ -23,7 +23,7 @@ __all__ = ["ANONYMOUS", "KeyRing", "Principal", "bearer_token", "digest", "parse
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class Principal(msgspec.Struct, frozen=True):
+class Principal(msgspec.Struct, frozen=True, cache_hash=True):  # dict keys per request
     tenant: str
     project: str
     key_id: str

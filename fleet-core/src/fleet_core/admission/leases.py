@@ -78,6 +78,7 @@ class _Lease:
         "bucket",
         "cap",
         "last",
+        "most",
         "rate",
         "refused_until",
         "seen",
@@ -91,6 +92,8 @@ class _Lease:
     def __init__(self, bucket: Bucket, cap: int) -> None:
         self.bucket = bucket
         self.cap = cap
+        self.most = cap // 2
+        """The largest charge taken from the slice (two must fit its cap)."""
         self.allowance = 0
         """Units this process may still take (below zero after an overrun: a debt)."""
         self.top_up_below = 0
@@ -101,7 +104,8 @@ class _Lease:
         """Units this process's requests charged the bucket so far, from the slice or (when it
         fell short) the exact way: the demand that sizes top-ups, and the idle check."""
         self.last = 1
-        """The last request's charge here (the smallest useful top-up is a few of them)."""
+        """The charge of the request that last started a top-up here (the smallest useful
+        top-up is a few of them)."""
         self.rate = 0.0
         """Recent consumption, units per second."""
         self.used_at_size = 0
@@ -150,29 +154,32 @@ class LeasedStore:
         return await self._store.reserve(charges, holds)
 
     def _take(self, charges: Sequence[Charge]) -> bool:
-        """Take every charge from its slice, or none (a bucket named twice is taken twice)."""
+        """Take every charge from its slice, or none (a bucket named twice is taken twice).
+        A slice left low starts its top-up at once, even if a later charge does not fit and
+        this one is given back: it was low, and a top-up asks only for what it misses. Written
+        for few operations: every request of a limited tenant passes here."""
         leases = self._leases
-        taken: list[_Lease] = []  # each slice looked up once, for the top-ups or the rollback
+        taken = 0
         for charge in charges:
-            lease = leases.get(charge.bucket.key)
+            bucket = charge.bucket
+            lease = leases.get(bucket.key)
             amount = charge.amount
             if (
                 lease is None
                 or amount > lease.allowance
-                or 2 * amount > lease.cap
-                or (lease.bucket is not charge.bucket and lease.bucket != charge.bucket)
+                or amount > lease.most
+                or (lease.bucket is not bucket and lease.bucket != bucket)
             ):
                 break
             lease.allowance -= amount
             lease.used += amount
-            lease.last = amount
-            taken.append(lease)
+            if lease.allowance < lease.top_up_below and not lease.asking:
+                self._top_up(lease, amount)
+            taken += 1
         else:
-            for lease in taken:
-                if lease.allowance < lease.top_up_below and not lease.asking:
-                    self._top_up(lease)
             return True
-        for lease, charge in zip(taken, charges):  # noqa: B905 (roll back: all or nothing)
+        for charge in charges[:taken]:  # roll back: all or nothing
+            lease = leases[charge.bucket.key]
             lease.allowance += charge.amount
             lease.used -= charge.amount
         return False
@@ -192,12 +199,14 @@ class LeasedStore:
                 if cap < 2 * max(charge.amount, 1):
                     continue  # a small bucket stays exact
                 lease = self._leases[bucket.key] = _Lease(bucket, cap)
-                lease.last = max(charge.amount, 1)
                 lease.sized_at = self._clock()
             if not lease.asking and 2 * charge.amount <= lease.cap:
-                self._top_up(lease)
+                self._top_up(lease, max(charge.amount, 1))
 
-    def _top_up(self, lease: _Lease) -> None:
+    def _top_up(self, lease: _Lease, last: int) -> None:
+        """Ask for more of the slice; ``last``: the charge of the request that found it low
+        (the smallest useful top-up is a few of them)."""
+        lease.last = last
         now = self._clock()
         if now < lease.refused_until or self._closed:
             return

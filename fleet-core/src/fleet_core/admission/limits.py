@@ -41,7 +41,7 @@ Level = Literal["tenant", "project"]
 Dimension = Literal["rpm", "tpm"]
 
 
-class Bucket(msgspec.Struct, frozen=True):
+class Bucket(msgspec.Struct, frozen=True, cache_hash=True):  # a dict key per request
     key: str
     """Full store key; all buckets of one tenant share a Redis Cluster hash tag (``{tenant}``)."""
     level: Level

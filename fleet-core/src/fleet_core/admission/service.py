@@ -108,6 +108,8 @@ class Reservation(msgspec.Struct, frozen=True, gc=False):  # in no cycle: see Bu
     """The token estimate reserved; settlement corrects the tpm buckets by (used - tokens)."""
     charges: Sequence[Charge] = ()
     hold: BudgetHold | None = None
+    tpm: tuple[Bucket, ...] = ()
+    """The tpm buckets ``charges`` took from: what settlement corrects."""
 
 
 class Admission:
@@ -205,7 +207,7 @@ class Admission:
                 admitted = self._budgets.hold(rules, demand)
             hold, asks = admitted
         try:
-            charges = await self._reserve(principal, tokens, hold, asks)
+            charges, tpm = await self._reserve(principal, tokens, hold, asks)
         except BaseException:
             if hold is not None:
                 self._queue_holds(self._budgets.release(hold))
@@ -215,11 +217,12 @@ class Admission:
             # allowance grew is unknown, so the growth is taken back and the request is unheld.
             self._queue_holds(self._budgets.release(hold))
             hold = None
-        return Reservation(principal, tokens, charges, hold)
+        return Reservation(principal, tokens, charges, hold, tpm)
 
     async def _reserve(
         self, principal: Principal, tokens: int, hold: BudgetHold | None, holds: Sequence[Hold]
-    ) -> list[Charge]:
+    ) -> tuple[list[Charge], tuple[Bucket, ...]]:
+        """The charges taken and their tpm buckets (none when the store failed open)."""
         buckets = self._directory.buckets(principal, prefix=self._prefix)
         plan = self._plans.get(principal)
         if plan is None or plan.buckets is not buckets:
@@ -231,18 +234,18 @@ class Admission:
             for bucket, charge in plan.steps
         ]
         if not charges and not holds:
-            return charges
+            return charges, ()
         try:
             decision = await self._store.reserve(charges, holds)
         except StoreUnavailable as exc:
             self._store_failed(exc)
-            return []
+            return [], ()
         if decision.refused_hold is not None and hold is not None:
             rule = hold.rules[decision.refused_hold]
             raise await self._budget_refusal(principal, rule, decision.excess)
         if not decision.admitted:
             raise self._refusal(principal, decision)
-        return charges
+        return charges, plan.tpm
 
     def _plan(self, principal: Principal, buckets: Sequence[Bucket]) -> _Plan:
         """What a principal's reservations charge, worked out once per directory answer."""
@@ -327,9 +330,8 @@ class Admission:
         if delta == 0:
             return
         pending = self._pending
-        for charge in reservation.charges:
-            if charge.bucket.dimension == "tpm":
-                pending[charge.bucket] = pending.get(charge.bucket, 0) + delta
+        for bucket in reservation.tpm:
+            pending[bucket] = pending.get(bucket, 0) + delta
         if self._flusher is None:  # else the flush under way takes this one too
             self._flush_later()
 
@@ -518,6 +520,7 @@ class _Plan:
     buckets: Sequence[Bucket]
     steps: tuple[tuple[Bucket, Charge | None], ...]
     most_tokens: float
+    tpm: tuple[Bucket, ...]
 
     @classmethod
     def of(cls, buckets: Sequence[Bucket]) -> _Plan:
@@ -525,7 +528,8 @@ class _Plan:
         tpm = [b.capacity for b in buckets if b.dimension == "tpm"]
         # An rpm bucket below 1 refuses every request as too large, whatever its tokens.
         never = any(b.capacity < 1 for b in buckets if b.dimension == "rpm")
-        return cls(buckets, steps, -math.inf if never else min(tpm, default=math.inf))
+        most = -math.inf if never else min(tpm, default=math.inf)
+        return cls(buckets, steps, most, tuple(b for b in buckets if b.dimension == "tpm"))
 
 
 def _too_large(plan: _Plan, tokens: int) -> ReservationTooLarge:
