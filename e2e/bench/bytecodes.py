@@ -32,7 +32,6 @@ import runpy
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,10 +39,8 @@ from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
-from bench import database_bench, generator, instructions_bench, stub
-from bench.admission_bench import redis_url
-from bench.gateway_bench import ENV, QUIET, free_port, process
-from bench.ledger_bench import scratch_database
+from bench import database_bench, generator, instructions_bench
+from bench.gateway_bench import ENV, QUIET, free_port
 from bench.waiting import wait_for
 
 __all__ = ["Counter", "differences", "main"]
@@ -78,7 +75,7 @@ class Counter:
 
     def stop(self) -> None:
         sys.settrace(None)
-        threading.settrace(None)  # type: ignore[arg-type]
+        threading.settrace(None)  # type: ignore[arg-type,unused-ignore]
 
     def snapshot(self) -> Counts:
         """The counts so far, by ``file:line:function`` (site-packages and src/ cut off)."""
@@ -145,25 +142,9 @@ def _count(url: str, proc: Any, key: str | None, engine: str, out: Path, seconds
 
 
 def main(seconds: float) -> None:
-    with contextlib.ExitStack() as stack:
-        store_url = stack.enter_context(redis_url())
-        database = stack.enter_context(scratch_database())
-        database_bench.seed(database)
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        port = free_port()
-        engine = f"http://127.0.0.1:{port}"
-        stack.enter_context(process(stub.command(port, "bench"), engine + "/health"))
-        config = tmp / "fleet.yaml"
-        config.write_text(f"upstreams:\n  - id: bench\n    model: bench\n    base_url: {engine}\n")
-        gateway = ["bench.serve", database_bench.default_server(), "gateway", "PORT", str(config)]
-        database_mode = {
-            **QUIET,
-            **instructions_bench.SLOWED_DATABASE,
-            "FLEET_REDIS_URL": store_url,
-            "FLEET_REDIS_PREFIX": "bench-bytecodes:",
-            "FLEET_DATABASE_URL": database,
-            "FLEET_LEDGER_SPOOL": str(tmp / "spool.jsonl"),
-        }
+    with instructions_bench.stage("bench-bytecodes:") as staged:
+        engine, gateway = staged.engine, staged.gateway
+        database_mode = {**staged.shipped, **instructions_bench.SLOWED_DATABASE}
         plan = [
             ("no auth", None, {**QUIET, **instructions_bench.SLOWED}),
             (database_bench.RULELESS, database_bench.RULELESS_SECRET, database_mode),
@@ -171,7 +152,7 @@ def main(seconds: float) -> None:
         ]
         found: dict[str, Counts] = {}
         for index, (name, key, env) in enumerate(plan):
-            out = tmp / f"counts-{index}.json"
+            out = staged.tmp / f"counts-{index}.json"
             with _traced(gateway, env, out) as (url, proc):
                 found[name] = _count(url, proc, key, engine, out, seconds)
             print(f"bench.bytecodes: {name} counted", file=sys.stderr)

@@ -195,13 +195,23 @@ def count(
     return figures
 
 
-def run() -> tuple[Counts, str, list[str]]:
-    """Every target's cells, or ({}, "skipped: <why>", loads)."""
-    loads = [load_average()]
-    why = missing()
-    if why:
-        return {}, f"skipped: {why}", loads
-    counts: Counts = {}
+@dataclass(frozen=True)
+class Stage:
+    """What the counted gateways run against: Redis, a seeded database, the Go stub."""
+
+    store_url: str
+    tmp: Path
+    engine: str
+    gateway: list[str]
+    """``bench.serve``'s arguments for a gateway on the default server (``PORT`` to fill)."""
+    shipped: dict[str, str]
+    """Database mode's environment as shipped, nothing slowed."""
+
+
+@contextlib.contextmanager
+def stage(prefix: str) -> Iterator[Stage]:
+    """Redis, a seeded scratch database and the Go stub behind a gateway config, for as long as
+    the context lasts; database mode's environment writes under ``prefix`` in Redis."""
     with contextlib.ExitStack() as stack:
         store_url = stack.enter_context(redis_url())
         database = stack.enter_context(scratch_database())
@@ -212,15 +222,28 @@ def run() -> tuple[Counts, str, list[str]]:
         stack.enter_context(process(stub.command(port, "bench"), engine + "/health"))
         config = tmp / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: bench\n    model: bench\n    base_url: {engine}\n")
-        store = stack.enter_context(redis.Redis.from_url(store_url))
         gateway = ["bench.serve", database_bench.default_server(), "gateway", "PORT", str(config)]
         shipped = {
             **QUIET,
             "FLEET_REDIS_URL": store_url,
-            "FLEET_REDIS_PREFIX": "bench-instructions:",
+            "FLEET_REDIS_PREFIX": prefix,
             "FLEET_DATABASE_URL": database,
             "FLEET_LEDGER_SPOOL": str(tmp / "spool.jsonl"),
         }
+        yield Stage(store_url, tmp, engine, gateway, shipped)
+
+
+def run() -> tuple[Counts, str, list[str]]:
+    """Every target's cells, or ({}, "skipped: <why>", loads)."""
+    loads = [load_average()]
+    why = missing()
+    if why:
+        return {}, f"skipped: {why}", loads
+    counts: Counts = {}
+    with contextlib.ExitStack() as stack:
+        found = stack.enter_context(stage("bench-instructions:"))
+        engine, gateway, shipped = found.engine, found.gateway, found.shipped
+        store = stack.enter_context(redis.Redis.from_url(found.store_url))
         database_mode = {**shipped, **SLOWED_DATABASE}
         plan = [
             (FLOOR, ["bench.aiohttp_proxy", "PORT", engine], None, {}, FLOOR_CELLS, None),
@@ -230,7 +253,7 @@ def run() -> tuple[Counts, str, list[str]]:
         ]
         full_speed = _scripts_at_full_speed(gateway, shipped, engine, store)
         for index, (name, args, key, env, cells, redis_store) in enumerate(plan):
-            out = tmp / f"callgrind.{index}"
+            out = found.tmp / f"callgrind.{index}"
             with _under_callgrind(name, args, key, env, out) as target:
                 for cell in cells:
                     counts.setdefault(name, {})[cell] = count(target, cell, engine, redis_store)
