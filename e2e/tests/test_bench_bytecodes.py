@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from bench import bytecodes
 
@@ -37,9 +38,9 @@ print(json.dumps([ten, counter.snapshot()]))
 
 
 def test_the_counter_counts_each_function_by_what_it_executed() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _PROGRAM], capture_output=True, text=True, check=True
-    )
+    e2e = Path(bytecodes.__file__).resolve().parents[1]  # where `bench` imports from
+    done = subprocess.run([sys.executable, "-c", _PROGRAM], capture_output=True, text=True, cwd=e2e)
+    assert done.returncode == 0, done.stderr
     ten, twenty = json.loads(done.stdout)
     work = next(name for name in ten if name.endswith(":work"))
     assert twenty[work] > 1.8 * ten[work]  # twice the loop, the same set-up
