@@ -22,7 +22,9 @@ control: what it reads of the first is what these ratios resolve.
 
 Every gateway runs on ``fleet-gateway``'s default server (read from its command line) behind the
 Go stub engine, driven by the Go load generator (`stub`, `generator`). Each cell also records the
-gateway process's CPU time per request, steadier than requests/s on a shared machine. A gateway's
+gateway process's CPU time per request, steadier than requests/s on a shared machine, and the
+Postgres server's: it writes the ledger on the same cores, so its share is throughput the
+database-mode gateways cannot have here (a deployment's database has cores of its own). A gateway's
 warnings and errors go to a log file, not to nowhere: a round with non-200 answers is reported
 with what the gateway logged (a round without a single 200 once showed up only as ``nan``), and
 medians leave such rounds' missing latencies out rather than sort a NaN among numbers.
@@ -286,6 +288,24 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _postgres_cpu_s() -> float:
+    """CPU seconds (user + system) the running Postgres processes have used: the bench's own
+    server, whose backends write the ledger on the cores the gateway runs on."""
+    ticks = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        name, _, rest = stat.partition("(")[2].rpartition(")")
+        if name == "postgres":
+            fields = rest.split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 AFTERMATH_S = leases.IDLE_S + 2 * leases.SWEEP_S + DatabaseModeSettings.ledger_flush_s
 """How long a gateway's own work outlasts its load: the ledger's last batch, the lease slices
 given back once idle. Every cell waits this long after it, so that the next target (always
@@ -295,13 +315,16 @@ the same one: rotation keeps the order) does not pay for it (ADR 0002, session 1
 def measure(target: Target, cell: str) -> Cell:
     """One cell against ``target``, with the gateway's CPU milliseconds per request answered
     (warm-up included, which runs at the same rate): what one request costs the gateway,
-    steadier than requests/s on a machine other work shares."""
-    before = _cpu_s(target.pid)
+    steadier than requests/s on a machine other work shares. And Postgres's, its last batch
+    included: the ledger's writes run on the same cores and take their share of them."""
+    before, postgres = _cpu_s(target.pid), _postgres_cpu_s()
     figures = load(target.url, cell, target.key)
     used = _cpu_s(target.pid) - before
-    time.sleep(AFTERMATH_S)
+    time.sleep(AFTERMATH_S)  # the ledger's last batch is written meanwhile
+    postgres = _postgres_cpu_s() - postgres
     answered = (figures["requests"] + figures["errors"]) * (1 + min(1.0, SECONDS / 4) / SECONDS)
-    return {**figures, "cpu_ms": used * 1000 / max(answered, 1)}
+    answered = max(answered, 1)
+    return {**figures, "cpu_ms": used * 1000 / answered, "postgres_ms": postgres * 1000 / answered}
 
 
 def run(rows: int = ROWS) -> dict[str, object]:
@@ -422,14 +445,16 @@ def report(result: dict[str, object]) -> list[str]:
         "from Postgres, unit rates, one ledger row per request (batched COPY) and, for acme's",
         "key, three budget rules; a second database-mode gateway serves a tenant with no rule.",
         f"Medians of {ROUNDS} interleaved rounds, every gateway started afresh each round;",
-        "ratios taken round by round. The last column is the gateway process's CPU time per",
-        "request at c=64, steadier than requests/s when other work shares the cores.",
+        "ratios taken round by round. CPU ms/req: the gateway process's CPU time per request",
+        "at c=64, steadier than requests/s when other work shares the cores; beside it, the",
+        "Postgres server's (every process of it), which writes the ledger on the same cores.",
         generator.describe(),
         stub.describe(),
         f"Machine load before and after each round: {'; '.join(loads)}.",
         "",
-        "| gateway | sequential req/s / p50 / p99 | plain c=64 req/s / p50 / p99 | CPU ms/req |",
-        "|---|---|---|---|",
+        "| gateway | sequential req/s / p50 / p99 | plain c=64 req/s / p50 / p99 "
+        "| CPU ms/req | Postgres CPU ms/req |",
+        "|---|---|---|---|---|",
     ]
     for name, cells in samples.items():
         row = " | ".join(
@@ -439,7 +464,8 @@ def report(result: dict[str, object]) -> list[str]:
             for cell in CELLS
         )
         cpu = _median([c["cpu_ms"] for c in cells[LOADED]])
-        lines.append(f"| {name} | {row} | {cpu:.3f} |")
+        postgres = _median([c.get("postgres_ms", math.nan) for c in cells[LOADED]])
+        lines.append(f"| {name} | {row} | {cpu:.3f} | {postgres:.3f} |")
     lines += [
         "",
         *_errors(samples, logged),

@@ -7,6 +7,9 @@ state; the median of the per-round growths is what the target judges.
 from __future__ import annotations
 
 import math
+import time
+
+import psycopg
 
 from bench import database_bench as db
 
@@ -50,3 +53,17 @@ def test_a_ratio_states_how_far_its_rounds_spread() -> None:
 def test_a_ratio_without_a_measured_round_says_so() -> None:
     samples = {db.DB_MODE: {db.LOADED: _loaded(850)}, db.OFF: {db.LOADED: _loaded(0)}}
     assert db._rounds(samples, db.DB_MODE, db.OFF) == "no round measured"
+
+
+def test_postgres_cpu_counts_what_the_server_spent_on_a_query(postgres_url: str) -> None:
+    """The Postgres column reads the server's own processes: a query that keeps a backend
+    busy shows up in it (the server runs on this machine, as the bench's does)."""
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute("SELECT 1")  # the backend exists before the count starts
+        before = db._postgres_cpu_s()
+        started = time.process_time()
+        conn.execute("SELECT count(*) FROM generate_series(1, 20000000)").fetchone()
+        client = time.process_time() - started
+        spent = db._postgres_cpu_s() - before
+    assert spent >= 0.2  # a few seconds of work in the backend, not in this process
+    assert client < spent
