@@ -289,8 +289,9 @@ def _cpu_s(pid: int) -> float:
 
 
 def _postgres_cpu_s() -> float:
-    """CPU seconds (user + system) the running Postgres processes have used: the bench's own
-    server, whose backends write the ledger on the cores the gateway runs on."""
+    """CPU seconds (user + system) the Postgres processes on this machine have used: the bench's
+    own server, whose backends write the ledger on the cores the gateway runs on (0 for a server
+    elsewhere, ``FLEET_BENCH_DATABASE_URL``)."""
     ticks = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
