@@ -58,5 +58,5 @@ def test_each_workers_verdict_states_the_spread_of_its_rounds() -> None:
     # round by round 1.50x, 1.20x, 1.70x -> median 1.50x
     assert (
         rows[0]
-        == "| --workers 2 / one worker, plain c=32 >= 1.4x | 1.50x (rounds 1.20x-1.70x) | met |"
+        == "| --workers 2 / one worker, plain c=32 >= 1.4x | 1.50x (3 rounds, 1.20x-1.70x) | met |"
     )
