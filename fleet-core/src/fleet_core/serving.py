@@ -9,6 +9,8 @@ default because it costs the least CPU per request, and hypercorn, which the con
 and which ``fleet-gateway --server hypercorn`` keeps available. Both get the same socket (bound
 here, so a busy port is one line, not a traceback), the same drain on ``stop`` (stop accepting,
 let in-flight requests finish for up to ``grace_s``, then cancel them) and run the app's lifespan.
+Our uvicorn also tells a request the moment its client goes (`DISCONNECT`), which spares the
+gateway a task per request watching for it.
 """
 
 from __future__ import annotations
@@ -20,20 +22,24 @@ import logging
 import signal
 import socket
 from collections.abc import Coroutine, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import hypercorn.asyncio
 import hypercorn.config
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from fleet_core.errors import ConfigError
 
 __all__ = [
+    "DISCONNECT",
     "SERVERS",
     "Server",
+    "listening_socket",
     "parse_listen",
     "run",
     "serve_app",
+    "serve_socket",
     "settle_heap",
     "stop_on_signals",
 ]
@@ -44,6 +50,11 @@ KEEP_ALIVE_S = 75
 """Idle keep-alive: longer than the 60 s idle timeout of common load balancers, so the balancer,
 not the server, closes an idle connection (no request lost on a connection closing under it)."""
 _BACKLOG = 1024
+DISCONNECT = "fleet.disconnect"
+"""The ASGI extension our uvicorn offers in ``scope["extensions"]``: a dict in which a request
+may put its task under ``"task"`` while it works; if the client goes before the response is
+complete, the server sets ``"gone"`` and cancels that task (`gateway.responses.until_disconnect`).
+A server without it leaves the request to watch ``receive`` in a task of its own."""
 YOUNG_GC_THRESHOLD = 7000
 """Allocations between two young-generation collections once serving (CPython's default: 700)."""
 
@@ -81,6 +92,13 @@ async def serve_app(
     ``reuse_port``: bind with SO_REUSEPORT, so that several worker processes share the port.
     ``server``: hypercorn unless the caller chooses (the gateway's ``--server``)."""
     sock = listening_socket(*parse_listen(listen), reuse_port=reuse_port)
+    await serve_socket(app, sock, grace_s=grace_s, stop=stop, server=server)
+
+
+async def serve_socket(
+    app: object, sock: socket.socket, *, grace_s: float, stop: asyncio.Event, server: Server
+) -> None:
+    """`serve_app` on a socket already listening (`listening_socket`), which the server closes."""
     if server == "uvicorn":
         await _serve_uvicorn(app, sock, grace_s=grace_s, stop=stop)
     else:
@@ -121,7 +139,7 @@ async def _serve_uvicorn(
 ) -> None:
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
-        http="httptools",
+        http=_HttpTools,
         ws="none",
         lifespan="on",
         interface="asgi3",
@@ -146,6 +164,27 @@ async def _serve_uvicorn(
         stopping.cancel()
         logging.getLogger("uvicorn.error").removeFilter(quiet)
         sock.close()
+
+
+class _HttpTools(HttpToolsProtocol):
+    """uvicorn's httptools protocol offering the `DISCONNECT` extension. The protocol is the first
+    to know a connection is lost; telling the request's task then spares every request a second
+    task watching ``receive`` (some 30k of a streamed request's 909k instructions: ADR 0002,
+    session 25)."""
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope["extensions"] = {DISCONNECT: {}}
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        super().connection_lost(exc)
+        if cycle is None or not cycle.disconnected:  # no request, or its response was complete
+            return
+        watch = cast("dict[str, Any]", cycle.scope["extensions"][DISCONNECT])
+        if (task := watch.get("task")) is not None:
+            watch["gone"] = True
+            task.cancel()
 
 
 class _Uvicorn(uvicorn.Server):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
 from fleet_core.apiserver.app import open_resources as open_apiserver
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, validate
+from fleet_core.serving import Server, listening_socket, serve_socket
 from fleet_core.settings import (
     DatabaseModeSettings,
     GatewaySettings,
@@ -80,15 +82,35 @@ def serve_app(stack: contextlib.AsyncExitStack) -> Callable[[Any], Awaitable[str
     return serve
 
 
+@contextlib.asynccontextmanager
+async def serving(app: Any, server: Server) -> AsyncIterator[str]:
+    """``app`` on ``server`` as `fleet-gateway --server` runs it, on a free loopback port; its
+    URL. The socket listens before the server starts, so a request can be sent at once."""
+    sock = listening_socket("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve_socket(app, sock, grace_s=1.0, stop=stop, server=server))
+    try:
+        yield url
+    finally:
+        stop.set()
+        await task
+
+
 @pytest.fixture
 def start_gateway(stack: contextlib.AsyncExitStack) -> GatewayFactory:
-    async def start(config: dict[str, Any], **settings: Any) -> Served:
+    """``await start_gateway(config, server=..., **settings)``: a gateway served for real,
+    on uvicorn (the default, as shipped) unless ``server`` says hypercorn."""
+
+    async def start(
+        config: dict[str, Any], *, server: Server = "uvicorn", **settings: Any
+    ) -> Served:
         parsed = msgspec.convert(config, GatewayConfig)
         validate(parsed)
         full = GatewaySettings(config=parsed, log=LogSettings(access=False), **settings)
         resources = await stack.enter_async_context(open_resources(full))
         app = create_gateway_app(full, resources)
-        url = await stack.enter_async_context(running_app(app))
+        url = await stack.enter_async_context(serving(app, server))
         return Served(url, app, stack)
 
     return start

@@ -127,6 +127,7 @@ async def test_the_client_request_id_is_echoed_and_kept_but_never_the_key(gw: An
         records = (await http.get(gw.url + "/api/v1/requests")).json()["data"]
         assert records[0]["requestId"] == minted
         assert records[0]["clientRequestId"] == "trace-42"
-        generated = await http.get(gw.url + "/healthz", headers={"X-Request-Id": "bad\x01id"})
+        # too long to keep (a control byte never gets this far: httptools refuses it, a 400)
+        generated = await http.get(gw.url + "/healthz", headers={"X-Request-Id": "x" * 129})
         assert generated.headers["x-request-id"] == generated.headers["x-fleet-request-id"]
         assert len(generated.headers["x-request-id"]) == 36

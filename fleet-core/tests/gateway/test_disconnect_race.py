@@ -1,18 +1,29 @@
-"""`until_disconnect`: the request's task watches ``receive`` while the answer runs in its own.
+"""`until_disconnect`, both ways.
 
-Each ``receive`` here behaves as one of the servers does after the request body was read:
-uvicorn answers ``http.disconnect`` as soon as the response is complete; hypercorn (and a
-server whose client is still there) stays quiet until the client goes.
+On a server without the `DISCONNECT` extension the request's task watches ``receive`` while the
+answer runs in its own. Each ``receive`` here behaves as one of the servers does after the
+request body was read: uvicorn answers ``http.disconnect`` as soon as the response is complete;
+hypercorn (and a server whose client is still there) stays quiet until the client goes.
+
+On our uvicorn, which offers the extension, the answer runs in the request's own task and the
+server cancels it when the connection is lost: tested against that server over loopback.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
 
 from fleet_core.gateway.responses import ClientGone, until_disconnect
+from fleet_core.serving import DISCONNECT
+
+from .conftest import serving
+
+WATCHED: dict[str, Any] = {"type": "http"}
+"""A request's scope on a server without the extension: the answer is raced against receive."""
 
 
 class Connection:
@@ -51,7 +62,7 @@ async def test_uvicorn_wakes_the_watcher_and_nothing_is_cancelled() -> None:
 
     me = asyncio.current_task()
     assert me is not None
-    assert await until_disconnect(answer(), conn.receive) == "answered"
+    assert await until_disconnect(answer(), WATCHED, conn.receive) == "answered"
     assert me.cancelling() == 0
 
 
@@ -71,9 +82,9 @@ async def test_an_answer_or_its_error_comes_back_whatever_receive_does(
 
     me = asyncio.current_task()
     assert me is not None
-    assert await until_disconnect(answer(), conn.receive) == "answered"
+    assert await until_disconnect(answer(), WATCHED, conn.receive) == "answered"
     with pytest.raises(ValueError, match="the engine said no"):
-        await until_disconnect(failing(), conn.receive)
+        await until_disconnect(failing(), WATCHED, conn.receive)
     assert me.cancelling() == 0  # the wake-up's cancellation was taken back
     await asyncio.sleep(0)  # and it does not land later
     assert me.cancelling() == 0
@@ -98,7 +109,7 @@ async def test_a_client_leaving_cancels_the_answer_and_waits_for_its_end(
     ended: list[str] = []
     asyncio.get_running_loop().call_later(0.02, conn.leave)
     with pytest.raises(ClientGone):
-        await until_disconnect(_slow_answer(ended), conn.receive)
+        await until_disconnect(_slow_answer(ended), WATCHED, conn.receive)
     assert ended == ["cleaned up"]
 
 
@@ -108,7 +119,7 @@ async def test_a_shutdown_cancels_the_answer_and_stays_a_cancellation(
 ) -> None:
     conn = Connection(says_when_complete=says_when_complete)
     ended: list[str] = []
-    request = asyncio.ensure_future(until_disconnect(_slow_answer(ended), conn.receive))
+    request = asyncio.ensure_future(until_disconnect(_slow_answer(ended), WATCHED, conn.receive))
     await asyncio.sleep(0.01)
     request.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -128,7 +139,7 @@ async def test_a_shutdown_as_the_answer_ends_is_still_a_cancellation() -> None:
         outer[0].cancel()  # the shutdown, just before this task's end cancels the watcher too
         return "answered"
 
-    request = asyncio.ensure_future(until_disconnect(answer(), conn.receive))
+    request = asyncio.ensure_future(until_disconnect(answer(), WATCHED, conn.receive))
     outer.append(request)
     with pytest.raises(asyncio.CancelledError):
         await request
@@ -151,7 +162,115 @@ async def test_a_failing_receive_cancels_the_answer_and_leaves_this_task_alone()
     me = asyncio.current_task()
     assert me is not None
     with pytest.raises(RuntimeError, match="receive broke"):
-        await until_disconnect(answer(), broken_receive)
+        await until_disconnect(answer(), WATCHED, broken_receive)
     assert ended == ["cleaned up"]
     await asyncio.sleep(0.01)  # the answer's end must not cancel this task afterwards
     assert me.cancelling() == 0
+
+
+# -- on our uvicorn: the server cancels the request's own task ---------------------------------
+
+
+LENGTH = [(b"content-length", b"4")]
+
+
+class Outcomes:
+    """An app whose every request runs ``work()`` under `until_disconnect`; what became of each
+    request, in order, and whether its work's cleanup ran."""
+
+    def __init__(self, work_s: float) -> None:
+        self.work_s = work_s
+        self.started = asyncio.Event()
+        self.outcomes: list[str] = []
+        self.ended = asyncio.Event()
+        self.cleaned = 0
+
+    async def _work(self, send: Any) -> None:
+        self.started.set()
+        try:
+            await asyncio.sleep(self.work_s)
+            await send({"type": "http.response.start", "status": 200, "headers": LENGTH})
+            await send({"type": "http.response.body", "body": b"done"})
+        finally:
+            await asyncio.sleep(0)  # cleanup that awaits, as closing an engine connection does
+            self.cleaned += 1
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # the lifespan
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+            return
+        me = asyncio.current_task()
+        assert me is not None
+        outcome = f"answered, extension={DISCONNECT in scope['extensions']}"
+        try:
+            await until_disconnect(self._work(send), scope, receive)
+        except ClientGone:
+            outcome = f"gone, cancelling={me.cancelling()}"
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self.outcomes.append(outcome)
+            self.ended.set()
+
+
+REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+
+Client = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]]
+
+
+async def _on_uvicorn(app: Outcomes, client: Client) -> None:
+    """``client`` on one connection to ``app`` served by our uvicorn; the connection is closed
+    once the server has stopped."""
+    async with serving(app, "uvicorn") as url:
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        await client(reader, writer)
+    writer.close()
+
+
+async def test_a_lost_connection_cancels_the_work_and_is_client_gone() -> None:
+    app = Outcomes(work_s=10)
+
+    async def client(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(REQUEST)
+        await asyncio.wait_for(app.started.wait(), 5)
+        writer.close()
+        await asyncio.wait_for(app.ended.wait(), 2)  # not the work's 10 s
+
+    await _on_uvicorn(app, client)
+    assert app.outcomes == ["gone, cancelling=0"]  # the cancellation was the client's, taken back
+    assert app.cleaned == 1
+
+
+async def test_a_connection_closed_after_its_answers_cancels_nothing() -> None:
+    """Two answers on one kept-alive connection, then the client closes it: nothing in flight,
+    nothing cancelled (each request's registration went with its answer)."""
+    app = Outcomes(work_s=0.01)
+
+    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(2):
+            writer.write(REQUEST)
+            assert (await reader.readuntil(b"done")).startswith(b"HTTP/1.1 200")
+        writer.close()
+        await asyncio.sleep(0.2)
+
+    await _on_uvicorn(app, client)
+    assert app.outcomes == ["answered, extension=True"] * 2
+    assert app.cleaned == 2
+
+
+async def test_a_shutdown_cancelling_the_work_stays_a_cancellation() -> None:
+    """The server's drain cancels a request still working when its grace (1 s) runs out:
+    that is not the client leaving."""
+    app = Outcomes(work_s=10)
+
+    async def client(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(REQUEST)
+        await asyncio.wait_for(app.started.wait(), 5)  # then the server stops, client still there
+
+    await asyncio.wait_for(_on_uvicorn(app, client), 10)
+    assert app.outcomes == ["cancelled"]
+    assert app.cleaned == 1

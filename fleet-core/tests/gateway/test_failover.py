@@ -15,6 +15,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from fleet_core.serving import SERVERS, Server
+
 from .conftest import GatewayFactory, StubFactory
 from .test_openai_sdk import records_of
 
@@ -180,11 +182,13 @@ async def test_a_mid_stream_break_ends_with_an_error_frame(
     assert spare.stats().requests_started == outcomes.count("complete")
 
 
+@pytest.mark.parametrize("server", SERVERS)  # each notices a client leaving its own way
 async def test_client_disconnect_cancels_the_engine(
-    start_stub: StubFactory, start_gateway: GatewayFactory
+    start_stub: StubFactory, start_gateway: GatewayFactory, server: Server
 ) -> None:
     engine = await start_stub(model="m", token_delay_ms=100)
-    gw = await start_gateway({"upstreams": [{"id": "a", "model": "m", "base_url": engine.url}]})
+    upstreams = {"upstreams": [{"id": "a", "model": "m", "base_url": engine.url}]}
+    gw = await start_gateway(upstreams, server=server)
     async with (
         httpx.AsyncClient() as http,
         http.stream(
@@ -208,11 +212,13 @@ async def test_client_disconnect_cancels_the_engine(
     assert record["gateway"]["completionTokens"] >= 1  # what was relayed still counts
 
 
+@pytest.mark.parametrize("server", SERVERS)  # each notices a client leaving its own way
 async def test_non_stream_disconnect_cancels_the_engine_too(
-    start_stub: StubFactory, start_gateway: GatewayFactory
+    start_stub: StubFactory, start_gateway: GatewayFactory, server: Server
 ) -> None:
     engine = await start_stub(model="m", latency_ms=5000)
-    gw = await start_gateway({"upstreams": [{"id": "a", "model": "m", "base_url": engine.url}]})
+    upstreams = {"upstreams": [{"id": "a", "model": "m", "base_url": engine.url}]}
+    gw = await start_gateway(upstreams, server=server)
     async with httpx.AsyncClient() as http:
         call = asyncio.create_task(
             http.post(f"{gw.url}/v1/chat/completions", json={"model": "m", "messages": MSG})
