@@ -9,8 +9,6 @@ default because it costs the least CPU per request, and hypercorn, which the con
 and which ``fleet-gateway --server hypercorn`` keeps available. Both get the same socket (bound
 here, so a busy port is one line, not a traceback), the same drain on ``stop`` (stop accepting,
 let in-flight requests finish for up to ``grace_s``, then cancel them) and run the app's lifespan.
-Our uvicorn also tells a request the moment its client goes (`DISCONNECT`), which spares the
-gateway a task per request watching for it.
 """
 
 from __future__ import annotations
@@ -22,17 +20,15 @@ import logging
 import signal
 import socket
 from collections.abc import Coroutine, Iterator
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import hypercorn.asyncio
 import hypercorn.config
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from fleet_core.errors import ConfigError
 
 __all__ = [
-    "DISCONNECT",
     "SERVERS",
     "Server",
     "listening_socket",
@@ -50,11 +46,6 @@ KEEP_ALIVE_S = 75
 """Idle keep-alive: longer than the 60 s idle timeout of common load balancers, so the balancer,
 not the server, closes an idle connection (no request lost on a connection closing under it)."""
 _BACKLOG = 1024
-DISCONNECT = "fleet.disconnect"
-"""The ASGI extension our uvicorn offers in ``scope["extensions"]``: a dict in which a request
-may put its task under ``"task"`` while it works; if the client goes before the response is
-complete, the server sets ``"gone"`` and cancels that task (`gateway.responses.until_disconnect`).
-A server without it leaves the request to watch ``receive`` in a task of its own."""
 YOUNG_GC_THRESHOLD = 7000
 """Allocations between two young-generation collections once serving (CPython's default: 700)."""
 
@@ -139,7 +130,7 @@ async def _serve_uvicorn(
 ) -> None:
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
-        http=_HttpTools,
+        http="httptools",
         ws="none",
         lifespan="on",
         interface="asgi3",
@@ -164,27 +155,6 @@ async def _serve_uvicorn(
         stopping.cancel()
         logging.getLogger("uvicorn.error").removeFilter(quiet)
         sock.close()
-
-
-class _HttpTools(HttpToolsProtocol):
-    """uvicorn's httptools protocol offering the `DISCONNECT` extension. The protocol is the first
-    to know a connection is lost; telling the request's task then spares every request a second
-    task watching ``receive`` (some 30k of a streamed request's 909k instructions: ADR 0002,
-    session 25)."""
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self.scope["extensions"] = {DISCONNECT: {}}
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        cycle = self.cycle
-        super().connection_lost(exc)
-        if cycle is None or not cycle.disconnected:  # no request, or its response was complete
-            return
-        watch = cast("dict[str, Any]", cycle.scope["extensions"][DISCONNECT])
-        if (task := watch.get("task")) is not None:
-            watch["gone"] = True
-            task.cancel()
 
 
 class _Uvicorn(uvicorn.Server):

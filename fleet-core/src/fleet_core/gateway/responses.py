@@ -1,12 +1,10 @@
 """Racing an answer against the client going away, so upstream work stops the moment it goes.
 
 Starlette's own responses only look for ``http.disconnect`` between chunks, so a stream waiting on
-a slow engine would keep the engine generating for a client that left. Here the work is
-cancelled the moment the client goes, which aborts the engine connection (the engine stops).
-On our uvicorn the server cancels it (the `fleet_core.serving.DISCONNECT` extension); on any
-other server the work runs as a task raced against the disconnect message. Either way, when the
-request is cancelled from elsewhere (shutdown), the work is cancelled and over before the
-cancellation goes on, so nothing outlives the request that started it.
+a slow engine would keep the engine generating for a client that left. Here the work runs as a task
+raced against the disconnect message; when the client goes, the task is cancelled, which aborts the
+engine connection (the engine stops). When the racing task is itself cancelled (shutdown), the work
+is cancelled and awaited too, so nothing outlives the request that started it.
 """
 
 from __future__ import annotations
@@ -16,9 +14,7 @@ import contextlib
 from collections.abc import AsyncIterable, Coroutine
 from typing import Any, TypeVar
 
-from starlette.types import Receive, Scope, Send
-
-from fleet_core.serving import DISCONNECT
+from starlette.types import Receive, Send
 
 __all__ = ["SSE_HEADERS", "ClientGone", "send_stream", "until_disconnect"]
 
@@ -45,37 +41,17 @@ class ClientGone(Exception):
     """The client disconnected before the answer was complete."""
 
 
-async def until_disconnect(work: Coroutine[Any, Any, T], scope: Scope, receive: Receive) -> T:
+async def until_disconnect(work: Coroutine[Any, Any, T], receive: Receive) -> T:
     """Await ``work``; cancel it and raise ClientGone if the client disconnects first.
 
-    Where the server offers `DISCONNECT` (our uvicorn), the work runs in this task, registered
-    for the server to cancel when the client goes: no task more than the server's own.
-    Elsewhere `_watching` races it against ``receive``."""
-    watch = (scope.get("extensions") or {}).get(DISCONNECT)
-    if watch is None:
-        return await _watching(work, receive)
-    me = asyncio.current_task()
-    assert me is not None
-    watch["task"] = me
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if watch.pop("gone", False) and me.uncancel() == 0:  # the client, and nobody else
-            raise ClientGone from None
-        raise
-    finally:
-        watch["task"] = None
-
-
-async def _watching(work: Coroutine[Any, Any, T], receive: Receive) -> T:
-    """`until_disconnect` on a server that does not cancel for us (hypercorn). The work runs as
-    its own task, so a cancellation meant for it never lands in this one; this task watches
-    ``receive`` meanwhile (one task per request besides the server's, not two). Where
-    ``receive`` answers ``http.disconnect`` the moment the response is complete (uvicorn), the
-    usual request wakes this task without anything being cancelled. Where it stays quiet
-    (hypercorn, an error before any byte), the work's end cancels this task's wait, a
-    cancellation taken back at once (``uncancel``). When this task is cancelled from elsewhere
-    (shutdown), the work is cancelled too and awaited before the cancellation goes on."""
+    The work runs as its own task, so a cancellation meant for it never lands in this one; this
+    task watches ``receive`` meanwhile (one task per request besides the server's, not two).
+    Under uvicorn ``receive`` answers ``http.disconnect`` the moment the response is complete,
+    so the usual request wakes this task without anything being cancelled. Where ``receive``
+    stays quiet (another server, an error before any byte), the work's end cancels this task's
+    wait, a cancellation taken back at once (``uncancel``). When this task is cancelled from
+    elsewhere (shutdown), the work is cancelled too and awaited before the cancellation goes on,
+    so nothing outlives the request that started it."""
     me = asyncio.current_task()
     assert me is not None
     task = asyncio.create_task(work)

@@ -232,7 +232,7 @@ class _Answer:
             with contextlib.suppress(ClientLeft):
                 async with self.service.admitted(self.exchange):
                     try:
-                        await until_disconnect(self._answer(send), scope, receive)
+                        await until_disconnect(self._answer(send), receive)
                     except ClientGone as exc:
                         raise ClientLeft from exc
         except Exception as exc:
