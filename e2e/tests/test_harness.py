@@ -24,7 +24,7 @@ import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from fleet_testing import servers
+from fleet_testing import fleet_system, servers
 from fleet_testing.fix_proxy import ProxyFactory
 
 ONLY_RUNNING = servers.Steps(env=False, embedded=False, container=False)
@@ -280,3 +280,14 @@ async def test_proxy_cuts_and_resumes_async_redis(
     finally:
         await client.aclose()
     assert proxy.accepted == 2
+
+
+def test_a_port_picked_for_a_later_server_is_outside_the_ephemeral_range() -> None:
+    """Outgoing connections take their local ports from the ephemeral range; a port picked for
+    a server that starts later must not be one they can take meanwhile, nor one picked before."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [fleet_system.free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(1024 <= port < low for port in ports)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[-1]))  # and free to bind
