@@ -44,7 +44,7 @@ $(STAMP): $(BIN)/uv requirements.lock $(addsuffix /pyproject.toml,$(PACKAGES))
 # The operator console (web/, ADR 0012): npm ci when the lock changed, vite build when a source
 # changed, into fleet-core's package data (gitignored) where the gateway serves it at /.
 # npm keeps downloaded packages in its own cache (~/.npm), so a fresh clone's npm ci is quick.
-WEB_OUT := fleet-core/src/fleet_core/console/static/index.html
+WEB_OUT := fleet-core/src/fleet_core/gateway/console/static/index.html
 WEB_DEPS := web/node_modules/.package-lock.json
 WEB_SRC := $(shell find web/src web/index.html web/vite.config.ts web/tsconfig.json web/package.json -type f 2>/dev/null)
 
@@ -74,11 +74,11 @@ console:
 
 # REAL=1: the model registry pulls from the Hugging Face hub instead of the synthetic one.
 dev: $(STAMP) console
-	REAL=$(REAL) $(PY) -m fleet_core.devrun
+	REAL=$(REAL) $(PY) -m fleet_core.devtools.devrun
 
 # Needs `make dev` running (or FLEET_SEED_API pointing at a control plane).
 seed: $(STAMP)
-	$(PY) -m fleet_core.seed
+	$(PY) -m fleet_core.devtools.seed
 
 # Needs `make dev` running: every check against its gateway and control plane, with the admin
 # token it keeps in .dev/; the auth, rate-limit and metrics rows run on a second gateway of the
@@ -157,4 +157,4 @@ image-test:
 
 clean:
 	rm -rf $(VENV) .dev .pytest_cache .mypy_cache .ruff_cache web/node_modules web/artifacts \
-		fleet-core/src/fleet_core/console/static
+		fleet-core/src/fleet_core/gateway/console/static

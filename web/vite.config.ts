@@ -10,7 +10,7 @@ const controlPlane = process.env.FLEET_DEV_API ?? "http://127.0.0.1:8081";
 export default defineConfig({
   plugins: [react()],
   build: {
-    outDir: "../fleet-core/src/fleet_core/console/static",
+    outDir: "../fleet-core/src/fleet_core/gateway/console/static",
     emptyOutDir: true,
     chunkSizeWarningLimit: 1500,
   },

@@ -45,8 +45,8 @@ from bench.gateway_bench import (
     rotated,
     summary,
 )
-from fleet_core.admission.limits import Bucket, Charge
-from fleet_core.admission.store import open_redis_store, script_source
+from fleet_core.gateway.admission.limits import Bucket, Charge
+from fleet_core.gateway.admission.store import open_redis_store, script_source
 from fleet_testing import servers
 
 KEY = "acme/research/bench"

@@ -18,8 +18,8 @@ import statistics
 import sys
 import time
 
-from fleet_core.admission.budgets import Amounts, BudgetBook
-from fleet_core.admission.directory import BudgetRule
+from fleet_core.gateway.admission.budget_book import Amounts, BudgetBook
+from fleet_core.gateway.admission.directory import BudgetRule
 
 BIG = 10**12
 RULES = (

@@ -25,8 +25,8 @@ import psycopg
 
 from bench import costs_bench
 from bench.ledger_bench import scratch_database
-from fleet_core import paging
-from fleet_core.storage import migrations
+from fleet_core.shared import paging
+from fleet_core.shared.storage import migrations
 
 __all__ = ["report", "run"]
 
@@ -137,7 +137,7 @@ def _serve(url: str, token: str) -> tuple[subprocess.Popen[bytes], str]:
     env = {**os.environ, "FLEET_DATABASE_URL": url, "FLEET_ADMIN_TOKEN": token}
     env["FLEET_ACCESS_LOG"] = "false"
     process = subprocess.Popen(
-        [sys.executable, "-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{port}"],
+        [sys.executable, "-m", "fleet_core.control_plane", "--listen", f"127.0.0.1:{port}"],
         env=env,
         stdout=subprocess.DEVNULL,
     )

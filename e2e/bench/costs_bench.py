@@ -22,7 +22,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from bench.ledger_bench import scratch_database
-from fleet_core.costs.service import CostService, CostSettings
+from fleet_core.control_plane.costs.service import CostService, CostSettings
 
 __all__ = ["report", "run"]
 

@@ -65,9 +65,9 @@ from bench.gateway_bench import (
 )
 from bench.ledger_bench import postgres_server, scratch_database
 from bench.waiting import wait_for
-from fleet_core.admission import catalog, leases
 from fleet_core.gateway import main as gateway_main
-from fleet_core.settings import DatabaseModeSettings
+from fleet_core.gateway.admission import catalog, leases
+from fleet_core.gateway.settings import DatabaseModeSettings
 
 __all__ = ["report", "run"]
 

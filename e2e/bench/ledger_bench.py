@@ -25,9 +25,9 @@ from psycopg import sql
 
 from bench.admission_bench import given_or_found
 from bench.gateway_bench import ROUNDS, median
-from fleet_core.ledger import LedgerWriter, store
-from fleet_core.metering.records import EngineUsage, GatewayCount, UsageRecord
-from fleet_core.storage.migrations import apply_migrations
+from fleet_core.gateway.ledger import LedgerWriter, store
+from fleet_core.gateway.metering.records import EngineUsage, GatewayCount, UsageRecord
+from fleet_core.shared.storage.migrations import apply_migrations
 from fleet_testing import servers
 
 __all__ = ["report", "run"]

@@ -43,8 +43,8 @@ GROUPS = (
 LAYERS = (
     ("the engine call (aiohttp client)", ("aiohttp/client.py",)),
     ("reading the request body", ("starlette/requests.py",)),
-    ("routing and admission", ("fleet_core/admission/",)),
-    ("the usage record and metrics", ("fleet_core/metering/",)),
+    ("routing and admission", ("fleet_core/gateway/admission/",)),
+    ("the usage record and metrics", ("fleet_core/gateway/metering/",)),
     ("logging (access log)", ("logging/",)),
 )
 """Layers measured inclusively: a sample counts for a layer when any of its frames is there."""
@@ -100,7 +100,7 @@ def main(seconds: float, mode: str, server: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: bench\n    model: bench\n    base_url: {direct}\n")
-        stub = [sys.executable, "-m", "fleet_core.stub_engine", "--port", str(engine)]
+        stub = [sys.executable, "-m", "fleet_core.devtools.stub_engine", "--port", str(engine)]
         gateway = [sys.executable, "-m", "bench.serve", server, "gateway", str(port), str(config)]
         with (
             process([*stub, "--model", "bench"], direct + "/health"),

@@ -2,13 +2,13 @@
 control plane, against a plain upload of the same bytes with the minio SDK, and the control
 plane's peak RSS growth while it pulls.
 
-Three processes besides this one: SeaweedFS (``weed mini``), the synthetic hub
-(``python -m fleet_core.hub``) and the control plane (``fleet-apiserver``, S3 store), on a scratch
-database. The pull's time runs from ``POST …/pull`` to the event reporting Ready, so it includes
-the download, sha256, the multipart upload and verification. The plain upload uses the same part
-size and parallelism, reading the bytes from memory-free generation in this process, with no
-download and no hashing: it is the ceiling the pull is measured against. Targets: ≥ 80% of the
-plain upload; peak RSS growth < 64 MiB. ``FLEET_BENCH_PULL_BYTES`` sets the size (1 GiB).
+Three processes besides this one: SeaweedFS (``weed mini``), the synthetic hub (``python -m
+fleet_core.devtools.hub``) and the control plane (``fleet-apiserver``, S3 store), on a scratch
+database. The pull's time runs from ``POST …/pull`` to the event reporting Ready, so it includes the
+download, sha256, the multipart upload and verification. The plain upload uses the same part size
+and parallelism, reading the bytes from memory-free generation in this process, with no download and
+no hashing: it is the ceiling the pull is measured against. Targets: ≥ 80% of the plain upload; peak
+RSS growth < 64 MiB. ``FLEET_BENCH_PULL_BYTES`` sets the size (1 GiB).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from minio import Minio
 
 from bench.gateway_bench import ROUNDS, median
 from bench.ledger_bench import scratch_database
-from fleet_core.hub.repos import generated_repo
-from fleet_core.registry.s3 import S3Settings
+from fleet_core.control_plane.registry.s3 import S3Settings
+from fleet_core.devtools.hub.repos import generated_repo
 from fleet_testing.fix_s3 import S3Server, running_seaweedfs
 
 __all__ = ["report", "run"]
@@ -170,7 +170,13 @@ def run(size: int = SIZE) -> dict[str, float]:
     hub_port, api_port = _port(), _port()
     hub = f"http://127.0.0.1:{hub_port}"
     api_url = f"http://127.0.0.1:{api_port}"
-    hub_argv = [sys.executable, "-m", "fleet_core.hub", "--listen", f"127.0.0.1:{hub_port}"]
+    hub_argv = [
+        sys.executable,
+        "-m",
+        "fleet_core.devtools.hub",
+        "--listen",
+        f"127.0.0.1:{hub_port}",
+    ]
     hub_argv += ["--generated-bytes", str(size)]
     with contextlib.ExitStack() as stack:
         s3 = stack.enter_context(running_seaweedfs())

@@ -5,7 +5,7 @@ wait bound. ``FLEET_BENCH_ONLY=routing`` runs this section.
 Stub engines and the gateway are separate processes, as in the gateway section; the gateway is
 ``fleet-gateway`` as shipped (``shipped``: one worker, its default server). The stubs model what
 matters: a KV-pressured engine answers slower (it would preempt), a cached prompt prefix answers
-faster. So the engines stay the Python stub (``fleet_core.stub_engine``), which models KV
+faster. So the engines stay the Python stub (``fleet_core.devtools.stub_engine``), which models KV
 occupancy, a prefix cache and fixed latencies and counts them on ``/stats``, where the Go stub of
 the other sections models none of these; its CPU matters little here, as each request waits
 20-200 ms of modelled time. And the load stays in this process (aiohttp, closed loop): the Go
@@ -50,7 +50,7 @@ def stubs(*knobs: dict[str, Any]) -> Iterator[list[str]]:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             flags = [f"--{k.replace('_', '-')}={v}" for k, v in knob.items()]
-            args = [sys.executable, "-m", "fleet_core.stub_engine", "--port", str(port)]
+            args = [sys.executable, "-m", "fleet_core.devtools.stub_engine", "--port", str(port)]
             stack.enter_context(process([*args, "--model", "m", *flags], url + "/health"))
             urls.append(url)
         yield urls
@@ -251,9 +251,9 @@ def report(results: Results) -> list[str]:
         "vs 200 ms), long enough that the model, not the CPU, dominates. Least-outstanding is",
         "the gateway's policy before this section existed (for KV: the score with no penalty).",
         shipped.describe(),
-        "Stub engines: Python (`fleet_core.stub_engine`), as the Go stub models neither KV",
-        "pressure nor a prefix cache. Load: from the bench's own process (aiohttp, closed loop),",
-        "as the Go generator sends one fixed body and these clients vary prompt and tenant.",
+        "Stub engines: Python (`fleet_core.devtools.stub_engine`), as the Go stub models neither",
+        "KV pressure nor a prefix cache. Load: from the bench's own process (aiohttp, closed",
+        "loop), as the Go generator sends one fixed body and these clients vary prompt and tenant.",
         "",
         "KV-pressure avoidance (2 engines, one at 95% KV occupancy, 4 clients):",
         "",

@@ -3,7 +3,7 @@
 Usage: python -m bench.serve uvicorn|hypercorn|granian gateway|bare PORT UPSTREAM_OR_CONFIG
 The gateway is built exactly as ``fleet-gateway`` builds it (same settings, resources and app
 factory); only the server around it changes. uvicorn and hypercorn are started by
-``fleet_core.serving.serve_app``, as ``fleet-gateway --server`` starts them (uvicorn with
+``fleet_core.shared.asgi_server.serve_app``, as ``fleet-gateway --server`` starts them (uvicorn with
 httptools); granian, which Fleet does not ship, by its embeddable server.
 
 ``FLEET_BENCH_STRETCH=K`` (the instructions section, under callgrind) multiplies the admission's
@@ -31,19 +31,19 @@ import aiohttp
 import uvloop
 
 from bench import bare_proxy
-from fleet_core.admission import budgets, leases
-from fleet_core.admission import service as admission
+from fleet_core.gateway.admission import budget_book, leases
+from fleet_core.gateway.admission import service as admission
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import load_config
-from fleet_core.serving import SERVERS, serve_app, settle_heap
-from fleet_core.settings import from_env
+from fleet_core.gateway.settings import from_env
+from fleet_core.shared.asgi_server import SERVERS, serve_app, settle_heap
 
 STRETCHED = (
     (admission, "SETTLE_WINDOW_S"),
     (leases, "AHEAD_S"),
     (leases, "SWEEP_S"),
     (leases, "IDLE_S"),
-    (budgets, "SLACK_S"),
+    (budget_book, "SLACK_S"),
 )
 """Module constants read when used (never bound as a default at import), stretched together."""
 
@@ -71,7 +71,9 @@ async def build(kind: str, target: str) -> AsyncIterator[Any]:
 
 
 async def run(server: str, app: Any, port: int, stop: asyncio.Event) -> None:
-    if server in SERVERS:  # exactly as fleet-gateway --server runs it (fleet_core/serving.py)
+    if (
+        server in SERVERS
+    ):  # exactly as fleet-gateway --server runs it (fleet_core/shared/asgi_server.py)
         await serve_app(app, f"127.0.0.1:{port}", grace_s=1, stop=stop, server=server)
         return
     from granian.constants import Interfaces

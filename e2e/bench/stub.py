@@ -2,7 +2,7 @@
 
 The Go stub (``e2e/bench/stubgo``, standard library only) is built like the load generator
 (`gobuild`) and used whenever ``go`` is on PATH: on 2 cores the engine shares the machine with the
-gateway under test, and the Python stub (``fleet_core.stub_engine``) spends about half the
+gateway under test, and the Python stub (``fleet_core.devtools.stub_engine``) spends about half the
 gateway's own CPU per request, which caps what a second gateway worker can show. Without ``go``
 (or with ``FLEET_BENCH_STUB=python``) the Python stub runs; every section says which one ran
 (`describe`). Both answer the same wire (vLLM profile): ``python -m bench.stub`` measures the CPU
@@ -28,8 +28,8 @@ PREAMBLE = (
     "  on one epoll loop; vLLM's wire, the Python stub's canned reply, answers made from bytes",
     "  quoted once),",
     "  built like the load generator; without `go` (or with `FLEET_BENCH_STUB=python`) the",
-    "  Python stub (`fleet_core.stub_engine`) runs. Each section names the one it ran (one that",
-    "  names none ran the Python stub). CPU per request of each stub alone under the Go",
+    "  Python stub (`fleet_core.devtools.stub_engine`) runs. Each section names the one it ran",
+    "  (one that names none ran the Python stub). CPU per request of each stub alone under the Go",
     "  generator (`python -m bench.stub`, 2026-12-01, load average 7-8, medians of 3 rounds):",
     "  Go 0.029-0.033 ms plain, 0.036-0.038 ms stream (c=32 and c=64); Python 0.40-0.57 ms",
     "  plain, 0.68-0.74 ms stream, over 10x more, which on 2 cores took CPU from the gateway.",
@@ -44,7 +44,15 @@ def binary() -> Path | str:
 
 
 def python_command(port: int, model: str) -> list[str]:
-    return [sys.executable, "-m", "fleet_core.stub_engine", "--port", str(port), "--model", model]
+    return [
+        sys.executable,
+        "-m",
+        "fleet_core.devtools.stub_engine",
+        "--port",
+        str(port),
+        "--model",
+        model,
+    ]
 
 
 def command(port: int, model: str) -> list[str]:
@@ -61,7 +69,7 @@ def describe() -> str:
     found = binary()
     if isinstance(found, Path):
         return "Stub engine: Go (`e2e/bench/stubgo`, its own HTTP/1.1 server on one epoll loop)."
-    return f"Stub engine: Python (`fleet_core.stub_engine`), because {found}."
+    return f"Stub engine: Python (`fleet_core.devtools.stub_engine`), because {found}."
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -315,7 +315,7 @@ def start_control_plane(procs: Processes, database_url: str, admin_token: str, s
     env = clean_env(
         FLEET_DATABASE_URL=database_url, FLEET_MODELS_DIR=str(store), FLEET_ADMIN_TOKEN=admin_token
     )
-    argv = [sys.executable, "-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{port}"]
+    argv = [sys.executable, "-m", "fleet_core.control_plane", "--listen", f"127.0.0.1:{port}"]
     process = procs.start("apiserver", argv, env)
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/readyz", process, what="fleet-apiserver")

@@ -42,7 +42,7 @@ import psycopg
 from redis import Redis
 from redis.exceptions import RedisError
 
-from fleet_core import devstack
+from fleet_core.devtools import devstack
 
 __all__ = [
     "POSTGRES_ADDRESS",

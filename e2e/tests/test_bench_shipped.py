@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench import shipped
-from fleet_core.serving import SERVERS
+from fleet_core.shared.asgi_server import SERVERS
 
 
 def test_the_default_server_is_one_the_gateway_serves_on() -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fleet_core.console.settings import BUILT_DIR
+from fleet_core.gateway.console.settings import BUILT_DIR
 from fleet_testing import fleet_system, servers
 from fleet_testing.fix_auth import bearer
 
@@ -90,10 +90,10 @@ def _config(logs: Path, engine: int, llama: int) -> Path:
 
 def _engines(procs: fleet_system.Processes, engine: int, llama: int) -> None:
     vllm = ["--kv-capacity-tokens", "65536", *STUB_FLAGS]
-    argv = ["-m", "fleet_core.stub_engine", "--port", str(engine), "--model", "m", *vllm]
+    argv = ["-m", "fleet_core.devtools.stub_engine", "--port", str(engine), "--model", "m", *vllm]
     _start(procs, "engine", argv, {}, f"http://127.0.0.1:{engine}/health")
     lcpp = ["--profile", "llamacpp", "--max-num-seqs", str(LLAMA_SLOTS), *STUB_FLAGS]
-    argv = ["-m", "fleet_core.stub_engine", "--port", str(llama), "--model", "lcpp", *lcpp]
+    argv = ["-m", "fleet_core.devtools.stub_engine", "--port", str(llama), "--model", "lcpp", *lcpp]
     _start(procs, "llama", argv, {}, f"http://127.0.0.1:{llama}/health")
 
 
@@ -105,21 +105,23 @@ def stack(database: str, redis_url: str) -> Iterator[Stack]:
         pytest.fail("the console is not built: run `make web` (make test builds it first)")
     logs = Path(tempfile.mkdtemp(prefix="fleet-console-"))
     admin = "test-admin-" + secrets.token_urlsafe(24)
-    engine, llama, api, gateway, demo = (fleet_system.free_port() for _ in range(5))
+    engine, llama, api, gateway, demo, hub = (fleet_system.free_port() for _ in range(6))
     try:
         with fleet_system.processes(logs) as procs:
             _engines(procs, engine, llama)
+            argv = ["-m", "fleet_core.devtools.hub", "--listen", f"127.0.0.1:{hub}"]
+            _start(procs, "hub", argv, {}, f"http://127.0.0.1:{hub}/api/models/fleet/tiny-gguf")
             api_env = {
                 "FLEET_DATABASE_URL": database,
                 "FLEET_ADMIN_TOKEN": admin,
-                "FLEET_SYNTHETIC_HUB": "1",
+                "FLEET_HUB_URL": f"http://127.0.0.1:{hub}",
                 "FLEET_MODELS_DIR": str(logs / "models"),
                 "FLEET_ACCESS_LOG": "false",
                 # the admin closes last month: without a grace it is closable even in the first
                 # hour of a month (the default 1 h grace refuses it then, for another reason)
                 "FLEET_COST_CLOSE_GRACE": "0",
             }
-            argv = ["-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{api}"]
+            argv = ["-m", "fleet_core.control_plane", "--listen", f"127.0.0.1:{api}"]
             _start(procs, "apiserver", argv, api_env, f"http://127.0.0.1:{api}/readyz")
             gateway_env = {
                 "FLEET_DATABASE_URL": database,

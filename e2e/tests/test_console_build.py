@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_core.console.settings import BUILT_DIR
+from fleet_core.gateway.console.settings import BUILT_DIR
 
 WEB = Path(__file__).resolve().parents[2] / "web"
 INITIAL_BUDGET = 400 * 1024

@@ -88,7 +88,7 @@ def dev(workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, str]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env.update({k: str(v) for k, v in ports.items()})
     process = subprocess.Popen(
-        [sys.executable, "-m", "fleet_core.devrun"],
+        [sys.executable, "-m", "fleet_core.devtools.devrun"],
         cwd=workdir,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -121,7 +121,7 @@ def test_make_dev_then_make_seed_serves_a_key_and_stops_cleanly(
         _get(f"{api}/api/v1/tenants", token=None)  # the control plane is closed without it
     anonymous.value.close()  # it holds the response's socket
     seeded = subprocess.run(
-        [sys.executable, "-m", "fleet_core.seed"],
+        [sys.executable, "-m", "fleet_core.devtools.seed"],
         cwd=workdir,  # as `make seed` runs, in the checkout `make dev` runs in
         env={**env, "FLEET_SEED_API": api},
         capture_output=True,

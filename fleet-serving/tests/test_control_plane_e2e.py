@@ -32,7 +32,7 @@ async def control_plane(tmp_path: Path, admin_token: str) -> AsyncIterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (tmp_path / "apiserver.log").open("wb")
-    argv = [sys.executable, "-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{port}"]
+    argv = [sys.executable, "-m", "fleet_core.control_plane", "--listen", f"127.0.0.1:{port}"]
     # No database: the apiserver keeps inventory in memory (whatever FLEET_* this shell has).
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env["FLEET_ADMIN_TOKEN"] = admin_token

@@ -152,10 +152,10 @@ async def discovered_engine(
     container = rendered_engine(model)
     env = kubelet_env(container, {"fleet-engine-key": {"api-key": engine_key}})
     engine_port, _ = await start(
-        "fleet_core.stub_engine", ["--model", MODEL, "--profile", "llamacpp"], env
+        "fleet_core.devtools.stub_engine", ["--model", MODEL, "--profile", "llamacpp"], env
     )
     cp_port, _ = await start(
-        "fleet_core.apiserver", [],
+        "fleet_core.control_plane", [],
         {"FLEET_DATABASE_URL": postgres_url, "FLEET_ADMIN_TOKEN": admin_token},
     )  # fmt: skip
     control_plane = f"http://127.0.0.1:{cp_port}"

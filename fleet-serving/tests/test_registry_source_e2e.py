@@ -54,36 +54,49 @@ def store_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     }
 
 
+async def _process(
+    module: str, port: int, env: dict[str, str], ready: str, log_path: Path
+) -> asyncio.subprocess.Process:
+    """``python -m module --listen 127.0.0.1:port``, once ``ready`` answers 200."""
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", module, "--listen", f"127.0.0.1:{port}",
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):
+            assert process.returncode is None, f"{module} exited: see {log_path}"
+            try:
+                async with session.get(f"http://127.0.0.1:{port}{ready}") as response:
+                    if response.status == 200:
+                        return process
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{module} did not answer {ready}: see {log_path}")
+
+
 @pytest.fixture
 async def control_plane(
     postgres_url: str, store_env: dict[str, str], tmp_path: Path, admin_token: str
 ) -> AsyncIterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    """The control plane, pulling from the synthetic hub (both processes), as make dev runs them."""
+    hub_port, port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env |= {"FLEET_DATABASE_URL": postgres_url, "FLEET_SYNTHETIC_HUB": "1", **store_env}
-    env["FLEET_ADMIN_TOKEN"] = admin_token
-    log_path = tmp_path / "apiserver.log"
-    with log_path.open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fleet_core.apiserver", "--listen", f"127.0.0.1:{port}",
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+    hub_log, api_log = tmp_path / "hub.log", tmp_path / "apiserver.log"
+    repo = "/api/models/fleet/tiny-gguf"
+    hub = await _process("fleet_core.devtools.hub", hub_port, env, repo, hub_log)
+    env |= {"FLEET_DATABASE_URL": postgres_url, "FLEET_HUB_URL": f"http://127.0.0.1:{hub_port}"}
+    env |= {**store_env, "FLEET_ADMIN_TOKEN": admin_token}
+    processes = [hub]
     try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(600):
-                assert process.returncode is None, log_path.read_text()
-                try:
-                    async with session.get(f"{url}/readyz") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.05)
-        yield url
+        processes.append(await _process("fleet_core.control_plane", port, env, "/readyz", api_log))
+        yield f"http://127.0.0.1:{port}"
     finally:
-        process.terminate()
-        await asyncio.wait_for(process.wait(), timeout=15)
+        for process in processes:
+            if process.returncode is None:
+                process.terminate()
+            await asyncio.wait_for(process.wait(), timeout=15)
 
 
 async def call(method: str, url: str, body: Any = None, *, token: str) -> dict[str, Any]:

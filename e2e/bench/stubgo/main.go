@@ -1,6 +1,6 @@
 // Command stubgo is a cheap OpenAI-compatible stub engine for the gateway benchmarks.
 //
-// It answers what the benches ask of fleet_core.stub_engine (vLLM profile, no delay): POST
+// It answers what the benches ask of fleet_core.devtools.stub_engine (vLLM profile, no delay): POST
 // /v1/chat/completions and /v1/completions (JSON with usage, or SSE with one frame per token, a
 // usage frame when stream_options.include_usage is set, then [DONE]), GET /v1/models, /health
 // (empty 200, as vLLM) and /metrics (vLLM's running/waiting gauges, which the gateway scrapes, and a

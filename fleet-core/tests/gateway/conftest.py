@@ -14,18 +14,18 @@ import openai
 import pytest
 from starlette.applications import Starlette
 
-from fleet_core.apiserver.app import ApiserverSettings, create_apiserver_app
-from fleet_core.apiserver.app import open_resources as open_apiserver
+from fleet_core.control_plane.app import ApiserverSettings, create_apiserver_app
+from fleet_core.control_plane.app import open_resources as open_apiserver
+from fleet_core.devtools.stub_engine import StubSettings, create_app, running_app
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, validate
-from fleet_core.serving import Server, listening_socket, serve_socket
-from fleet_core.settings import (
+from fleet_core.gateway.settings import (
     DatabaseModeSettings,
     GatewaySettings,
     LogSettings,
     admission_from_env,
 )
-from fleet_core.stub_engine import StubSettings, create_app, running_app
+from fleet_core.shared.asgi_server import Server, listening_socket, serve_socket
 from fleet_testing.fix_auth import bearer
 from fleet_testing.fix_fault_engine import FaultEngine, FaultEngineFactory
 

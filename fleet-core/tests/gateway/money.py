@@ -21,7 +21,7 @@ import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from fleet_core.metering.records import UsageRecord
+from fleet_core.gateway.metering.records import UsageRecord
 
 __all__ = [
     "Books",

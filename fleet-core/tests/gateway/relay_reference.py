@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from fleet_core.gateway.wire import StreamChunk, Usage
+from fleet_core.gateway.edge.wire import StreamChunk, Usage
 
 __all__ = ["Reference"]
 

@@ -14,8 +14,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet_core.errors import ConfigError
-from fleet_core.settings import admission_from_env
+from fleet_core.gateway.settings import admission_from_env
+from fleet_core.shared.errors import ConfigError
 from fleet_testing.fix_redis_process import RedisProcess
 
 from .conftest import GatewayFactory, StubFactory

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from fleet_core.stub_engine import StubSettings, running_stub
+from fleet_core.devtools.stub_engine import StubSettings, running_stub
 
 from .test_config_and_cli import free_port, wait_until_up
 

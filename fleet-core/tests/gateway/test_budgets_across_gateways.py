@@ -19,7 +19,7 @@ import httpx
 import psycopg
 import pytest
 
-from fleet_core.settings import AdmissionSettings, DatabaseModeSettings
+from fleet_core.gateway.settings import AdmissionSettings, DatabaseModeSettings
 
 from .conftest import GatewayFactory, Served, StubFactory, running_control_plane
 

@@ -16,9 +16,9 @@ import msgspec
 import openai
 import pytest
 
-from fleet_core.errors import ConfigError
 from fleet_core.gateway.config import load_config
-from fleet_core.metering.counting import ESTIMATE, load_counter
+from fleet_core.gateway.metering.counting import ESTIMATE, load_counter
+from fleet_core.shared.errors import ConfigError
 
 from .conftest import GatewayFactory, StubFactory
 from .test_openai_sdk import records_of

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from fleet_core.console.serving import PLACEHOLDER
-from fleet_core.console.settings import ConsoleSettings, console_from_env
+from fleet_core.gateway.console.serving import PLACEHOLDER
+from fleet_core.gateway.console.settings import ConsoleSettings, console_from_env
 from fleet_testing.fix_auth import bearer
 
 from .conftest import GatewayFactory, StubFactory

@@ -21,9 +21,9 @@ import openai
 import psycopg
 import pytest
 
-from fleet_core.admission.directory import BudgetRule
-from fleet_core.errors import ConfigError
-from fleet_core.settings import DatabaseModeSettings, from_env
+from fleet_core.gateway.admission.directory import BudgetRule
+from fleet_core.gateway.settings import DatabaseModeSettings, from_env
+from fleet_core.shared.errors import ConfigError
 from fleet_testing import servers
 from fleet_testing.fix_auth import bearer
 from fleet_testing.fix_proxy import ProxyFactory

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from fleet_core.gateway.responses import ClientGone, until_disconnect
+from fleet_core.gateway.edge.responses import ClientGone, until_disconnect
 
 from .conftest import serving
 

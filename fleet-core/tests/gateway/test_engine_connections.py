@@ -13,7 +13,7 @@ import time
 
 from fleet_core.gateway.app import ENGINE_KEEP_ALIVE_S, open_resources
 from fleet_core.gateway.config import GatewayConfig
-from fleet_core.settings import from_env
+from fleet_core.gateway.settings import from_env
 
 ENGINE_IDLE_CLOSE_S = 5.0
 _ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet_core.errors import ConfigError
 from fleet_core.gateway.config import GatewayConfig, UpstreamConfig
-from fleet_core.gateway.routing.table import DiscoveredModel, build_table
-from fleet_core.settings import from_env
+from fleet_core.gateway.exchange.routing.table import DiscoveredModel, build_table
+from fleet_core.gateway.settings import from_env
+from fleet_core.shared.errors import ConfigError
 
 KEY = "k" * 40
 

@@ -17,12 +17,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from fleet_core.errors import RateLimited
 from fleet_core.gateway.config import GatewayConfig
-from fleet_core.gateway.routing.endpoints import EndpointRegistry, Ticket
-from fleet_core.gateway.routing.signals import EngineSignals
-from fleet_core.gateway.routing.table import build_table
-from fleet_core.settings import admission_from_env
+from fleet_core.gateway.exchange.routing.endpoints import EndpointRegistry, Ticket
+from fleet_core.gateway.exchange.routing.signals import EngineSignals
+from fleet_core.gateway.exchange.routing.table import build_table
+from fleet_core.gateway.settings import admission_from_env
+from fleet_core.shared.errors import RateLimited
 
 from .conftest import GatewayFactory, StubFactory
 from .test_failover import eventually

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleet_core.serving import YOUNG_GC_THRESHOLD
+from fleet_core.shared.asgi_server import YOUNG_GC_THRESHOLD
 
 FORBIDDEN = ("apiserver", "registry", "costs", "hub", "stub_engine")
 PROBE = """
@@ -32,8 +32,8 @@ def test_console_scripts_name_one_entry_module_each() -> None:
 
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
     assert scripts["fleet-gateway"] == "fleet_core.gateway.main:gateway_main"
-    assert scripts["fleet-apiserver"] == "fleet_core.apiserver.main:apiserver_main"
-    assert scripts["fleet-stub-engine"] == "fleet_core.stub_engine.main:main"
+    assert scripts["fleet-apiserver"] == "fleet_core.control_plane.main:apiserver_main"
+    assert scripts["fleet-stub-engine"] == "fleet_core.devtools.stub_engine.main:main"
 
 
 SERVE_ONCE = """
@@ -41,7 +41,7 @@ import asyncio, gc, json, os, signal, sys
 from pathlib import Path
 from fleet_core.gateway.config import load_config
 from fleet_core.gateway.main import _run_gateway
-from fleet_core.settings import from_env
+from fleet_core.gateway.settings import from_env
 
 async def serve_and_stop():
     settings = from_env({}, load_config(Path(sys.argv[1])))

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from fleet_core.serving import SERVERS, Server
+from fleet_core.shared.asgi_server import SERVERS, Server
 
 from .conftest import GatewayFactory, StubFactory
 from .test_openai_sdk import records_of

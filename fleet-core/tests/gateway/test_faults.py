@@ -15,7 +15,7 @@ import httpx
 import msgspec
 import pytest
 
-from fleet_core.settings import DatabaseModeSettings
+from fleet_core.gateway.settings import DatabaseModeSettings
 from fleet_testing.fix_fault_engine import (
     END,
     OK_CHAT,

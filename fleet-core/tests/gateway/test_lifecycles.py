@@ -39,22 +39,22 @@ from hypothesis.stateful import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet_core.admission.directory import StaticDirectory
-from fleet_core.admission.keys import ANONYMOUS
-from fleet_core.admission.limits import Bucket, Charge, LimitStore
-from fleet_core.admission.policy import Limits, RatePolicy
-from fleet_core.admission.service import Admission
-from fleet_core.admission.store import BatchingStore, MemoryStore, open_redis_store
-from fleet_core.errors import FleetError
+from fleet_core.gateway.admission.directory import StaticDirectory
+from fleet_core.gateway.admission.key_ring import ANONYMOUS
+from fleet_core.gateway.admission.limits import Bucket, Charge, LimitStore
+from fleet_core.gateway.admission.rate_policy import Limits, RatePolicy
+from fleet_core.gateway.admission.service import Admission
+from fleet_core.gateway.admission.store import BatchingStore, MemoryStore, open_redis_store
 from fleet_core.gateway.config import GatewayConfig
-from fleet_core.gateway.proxy import Proxy
-from fleet_core.gateway.router import Router
-from fleet_core.gateway.routing.endpoints import EndpointRegistry
-from fleet_core.gateway.service import ClientLeft, Exchange, GatewayService
-from fleet_core.gateway.wire import parse_request
-from fleet_core.logs import mint_request_id
-from fleet_core.metering.metrics import GatewayMetrics
-from fleet_core.metering.records import RingSink
+from fleet_core.gateway.edge.wire import parse_request
+from fleet_core.gateway.exchange.proxy import Proxy
+from fleet_core.gateway.exchange.router import Router
+from fleet_core.gateway.exchange.routing.endpoints import EndpointRegistry
+from fleet_core.gateway.exchange.service import ClientLeft, Exchange, GatewayService
+from fleet_core.gateway.metering.metrics import GatewayMetrics
+from fleet_core.gateway.metering.records import RingSink
+from fleet_core.shared.errors import FleetError
+from fleet_core.shared.logs import mint_request_id
 from fleet_testing.fix_fault_engine import END, FaultEngine, chat_frames, frame, sse, usage_frame
 
 from .money import billed, bucket_level

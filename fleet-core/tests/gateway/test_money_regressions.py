@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from fleet_core.metering.counting import estimate_tokens
+from fleet_core.gateway.metering.counting import estimate_tokens
 from fleet_testing.fix_fault_engine import (
     END,
     OK_CHAT,

@@ -8,8 +8,8 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet_core.gateway import relay
-from fleet_core.gateway.wire import PlainChunk, StreamChunk
+from fleet_core.gateway.edge.wire import PlainChunk, StreamChunk
+from fleet_core.gateway.exchange import relay
 
 _text = st.none() | st.text(max_size=4)
 _delta = st.fixed_dictionaries(

@@ -6,8 +6,8 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet_core.gateway.relay import StreamMeter, _data
-from fleet_core.gateway.wire import StreamChunk
+from fleet_core.gateway.edge.wire import StreamChunk
+from fleet_core.gateway.exchange.relay import StreamMeter, _data
 
 from .relay_reference import Reference
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet_core.gateway.relay import StreamMeter
-from fleet_core.gateway.wire import Usage
+from fleet_core.gateway.edge.wire import Usage
+from fleet_core.gateway.exchange.relay import StreamMeter
 
 from .relay_reference import Reference
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from fleet_core import paging
+from fleet_core.shared import paging
 
 from .conftest import GatewayFactory, StubFactory
 from .test_openai_sdk import gateway_with_stub

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from fleet_core.gateway.routing.selection import Candidate, choose
+from fleet_core.gateway.exchange.routing.selection import Candidate, choose
 
 from .conftest import GatewayFactory, Served, StubFactory
 from .test_failover import dead_url, eventually

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet_core.gateway.routing import affinity
-from fleet_core.gateway.routing.fairness import FairQueue
-from fleet_core.gateway.routing.selection import Candidate, Scoring, choose, score
-from fleet_core.gateway.routing.signals import EngineSignals, parse_metrics, parse_props
+from fleet_core.gateway.exchange.routing import affinity
+from fleet_core.gateway.exchange.routing.fairness import FairQueue
+from fleet_core.gateway.exchange.routing.selection import Candidate, Scoring, choose, score
+from fleet_core.gateway.exchange.routing.signals import EngineSignals, parse_metrics, parse_props
 
 SCORING = Scoring(kv_threshold=0.8, kv_penalty=8.0)
 

@@ -22,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 
-from fleet_core.stub_engine import StubSettings, running_stub
+from fleet_core.devtools.stub_engine import StubSettings, running_stub
 
 from .conftest import issue_tenant_key
 from .money import bucket_level

@@ -23,11 +23,11 @@ import httpx
 import msgspec
 import pytest
 
-from fleet_core.admission.service import DRAIN_S
+from fleet_core.devtools.stub_engine import running_app
+from fleet_core.gateway.admission.service import DRAIN_S
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig
-from fleet_core.settings import GatewaySettings, LogSettings, admission_from_env
-from fleet_core.stub_engine import running_app
+from fleet_core.gateway.settings import GatewaySettings, LogSettings, admission_from_env
 from fleet_testing import servers
 from fleet_testing.fix_fault_engine import (
     END,

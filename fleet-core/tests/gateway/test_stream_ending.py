@@ -13,11 +13,11 @@ import httpx
 import msgspec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fleet_core.devtools.stub_engine import running_app
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig
-from fleet_core.metering.records import EngineUsage
-from fleet_core.settings import GatewaySettings, LogSettings
-from fleet_core.stub_engine import running_app
+from fleet_core.gateway.metering.records import EngineUsage
+from fleet_core.gateway.settings import GatewaySettings, LogSettings
 from fleet_testing.fix_fault_engine import (
     END,
     FaultEngine,

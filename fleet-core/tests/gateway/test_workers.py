@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from fleet_core.errors import ConfigError
+from fleet_core.devtools.stub_engine import StubSettings, running_stub
 from fleet_core.gateway import workers
-from fleet_core.stub_engine import StubSettings, running_stub
+from fleet_core.shared.errors import ConfigError
 
 from .conftest import issue_tenant_key
 from .test_admission_processes import KEY, OPS, burst_client, chat

@@ -1,5 +1,5 @@
 // Lists page on the server (issue 18): a page is `limit` rows after a cursor, and a response
-// carries `next` while more rows follow (fleet_core/paging.py). The console keeps the cursors
+// carries `next` while more rows follow (fleet_core/shared/paging.py). The console keeps the cursors
 // of the pages it has passed, so "previous" goes back without offsets.
 
 export interface Page<T> {
@@ -42,7 +42,7 @@ export function pageNumber(at: Position): number {
   return at.before.length + 1;
 }
 
-/** The longest search a list accepts (`q`, fleet_core/paging.py's MAX_SEARCH). */
+/** The longest search a list accepts (`q`, fleet_core/shared/paging.py's MAX_SEARCH). */
 export const MAX_SEARCH = 64;
 
 /** `path`'s first `limit` rows whose id or name holds `q` (trimmed, cut to MAX_SEARCH; every row when empty). */

@@ -18,9 +18,8 @@ import aiohttp
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 
-from fleet_core import stopping, web
-from fleet_core.admission.budgets import BudgetBook, free_after
-from fleet_core.admission.catalog import (
+from fleet_core.gateway.admission.budget_book import BudgetBook, free_after
+from fleet_core.gateway.admission.catalog import (
     CatalogWatcher,
     KeyUsage,
     RuleMinutes,
@@ -28,30 +27,36 @@ from fleet_core.admission.catalog import (
     read_budgets,
     refresh_budgets,
 )
-from fleet_core.admission.directory import BudgetRule, CatalogDirectory, Directory, StaticDirectory
-from fleet_core.admission.leases import LeasedStore
-from fleet_core.admission.limits import LimitStore
-from fleet_core.admission.service import Admission, BudgetWait
-from fleet_core.admission.store import BatchingStore, MemoryStore, open_redis_store
-from fleet_core.console.proxying import proxy_routes
-from fleet_core.console.serving import console_routes, with_shell
+from fleet_core.gateway.admission.directory import (
+    BudgetRule,
+    CatalogDirectory,
+    Directory,
+    StaticDirectory,
+)
+from fleet_core.gateway.admission.leases import LeasedStore
+from fleet_core.gateway.admission.limits import LimitStore
+from fleet_core.gateway.admission.service import Admission, BudgetWait
+from fleet_core.gateway.admission.store import BatchingStore, MemoryStore, open_redis_store
 from fleet_core.gateway.config import GatewayConfig
-from fleet_core.gateway.discovery import poll_endpoints
-from fleet_core.gateway.dispatch import GatewayApp
-from fleet_core.gateway.health import HealthChecker
-from fleet_core.gateway.proxy import Proxy
-from fleet_core.gateway.router import Router
-from fleet_core.gateway.routes import gateway_routes
-from fleet_core.gateway.routing.endpoints import EndpointRegistry
-from fleet_core.gateway.routing.selection import Scoring
-from fleet_core.gateway.service import GatewayService
-from fleet_core.gateway.tokenizers import RegistryTokenizers, registry_id
-from fleet_core.gateway.viewers import Viewers
-from fleet_core.ledger import LedgerWriter
-from fleet_core.metering.metrics import GatewayMetrics
-from fleet_core.metering.records import FanOut, RingSink, UsageSink
-from fleet_core.settings import DatabaseModeSettings, GatewaySettings
-from fleet_core.storage.db import open_pool
+from fleet_core.gateway.console.proxying import proxy_routes
+from fleet_core.gateway.console.serving import console_routes, with_shell
+from fleet_core.gateway.edge.dispatch import GatewayApp
+from fleet_core.gateway.edge.routes import gateway_routes
+from fleet_core.gateway.edge.viewers import Viewers
+from fleet_core.gateway.exchange.discovery import poll_endpoints
+from fleet_core.gateway.exchange.health import HealthChecker
+from fleet_core.gateway.exchange.proxy import Proxy
+from fleet_core.gateway.exchange.router import Router
+from fleet_core.gateway.exchange.routing.endpoints import EndpointRegistry
+from fleet_core.gateway.exchange.routing.selection import Scoring
+from fleet_core.gateway.exchange.service import GatewayService
+from fleet_core.gateway.exchange.tokenizers import RegistryTokenizers, registry_id
+from fleet_core.gateway.ledger import LedgerWriter
+from fleet_core.gateway.metering.metrics import GatewayMetrics
+from fleet_core.gateway.metering.records import FanOut, RingSink, UsageSink
+from fleet_core.gateway.settings import DatabaseModeSettings, GatewaySettings
+from fleet_core.shared import stopping, web
+from fleet_core.shared.storage.db import open_pool
 
 __all__ = ["GatewayResources", "create_gateway_app", "open_resources"]
 

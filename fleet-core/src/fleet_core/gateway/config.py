@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import msgspec
 from msgspec import Meta
 
-from fleet_core.errors import ConfigError
+from fleet_core.shared.errors import ConfigError
 
 __all__ = [
     "EngineKind",

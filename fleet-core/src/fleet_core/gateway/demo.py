@@ -1,8 +1,8 @@
 """``fleet-gateway --demo``: a stub engine serving ``demo``, so the gateway runs with nothing else.
 
-The stub runs as a child process (``python -m fleet_core.stub_engine --port 0``) rather than in
-the gateway's own process: the gateway's entry point imports no stub engine code (an import-linter
-contract), and with ``--workers N`` every worker proxies to the one stub.
+The stub runs as a child process (``python -m fleet_core.devtools.stub_engine --port 0``) rather
+than in the gateway's own process: the gateway's entry point imports no stub engine code (an
+import-linter contract), and with ``--workers N`` every worker proxies to the one stub.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import msgspec
 
-from fleet_core.errors import ConfigError
 from fleet_core.gateway.config import GatewayConfig, UpstreamConfig, validate
+from fleet_core.shared.errors import ConfigError
 
 __all__ = ["demo_engine", "with_demo"]
 
@@ -25,7 +25,15 @@ __all__ = ["demo_engine", "with_demo"]
 @contextlib.contextmanager
 def demo_engine(*, token_delay_ms: float) -> Iterator[str]:
     """Start the demo stub engine; its base URL until the block ends, then stop it."""
-    command = [sys.executable, "-m", "fleet_core.stub_engine", "--port", "0", "--model", "demo"]
+    command = [
+        sys.executable,
+        "-m",
+        "fleet_core.devtools.stub_engine",
+        "--port",
+        "0",
+        "--model",
+        "demo",
+    ]
     command += ["--token-delay-ms", str(token_delay_ms)]
     # Its own session: Ctrl-C in a terminal reaches the gateway, which drains, then stops it.
     proc = subprocess.Popen(

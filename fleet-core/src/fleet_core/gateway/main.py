@@ -23,14 +23,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fleet_core.admission.policy import DIMENSIONS
-from fleet_core.errors import ConfigError
 from fleet_core.gateway import workers
+from fleet_core.gateway.admission.rate_policy import DIMENSIONS
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, load_config
 from fleet_core.gateway.demo import demo_engine, with_demo
-from fleet_core.logs import setup_logging
-from fleet_core.serving import (
+from fleet_core.gateway.settings import GatewaySettings, from_env
+from fleet_core.shared.asgi_server import (
     SERVERS,
     Server,
     parse_listen,
@@ -39,7 +38,8 @@ from fleet_core.serving import (
     settle_heap,
     stop_on_signals,
 )
-from fleet_core.settings import GatewaySettings, from_env
+from fleet_core.shared.errors import ConfigError
+from fleet_core.shared.logs import setup_logging
 
 __all__ = ["gateway_main"]
 

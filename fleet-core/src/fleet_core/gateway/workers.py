@@ -38,7 +38,7 @@ from types import FrameType
 
 from prometheus_client import multiprocess
 
-from fleet_core.errors import ConfigError
+from fleet_core.shared.errors import ConfigError
 
 __all__ = [
     "METRICS_DIR_ENV",

@@ -1,1 +1,0 @@
-"""fleet-apiserver: the control plane's HTTP API (/api/v1)."""

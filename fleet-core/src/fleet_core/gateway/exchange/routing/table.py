@@ -1,0 +1,137 @@
+"""The routing table: model names and aliases to pools of endpoints. Immutable by design.
+
+A table is built whole from configuration plus discovery and swapped in with one assignment, so a
+request sees either the old table or the new one, never half of each, and no lock is needed. The
+runtime state of an endpoint (in flight, health) lives elsewhere, keyed by URL, so it survives a
+swap and an in-flight request keeps the state object it acquired.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from fleet_core.gateway.config import EngineKind, GatewayConfig, RoutingPolicy
+from fleet_core.shared.errors import InvalidRequest, ModelNotFound
+
+__all__ = ["DiscoveredModel", "Pool", "RoutingTable", "Target", "build_table"]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One endpoint of a pool, with the settings of the upstream entry that declared it."""
+
+    url: str
+    engine: EngineKind
+    upstream_id: str
+    api_key: str = ""
+    slots: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """Every endpoint serving one model name (``--served-model-name``), however declared."""
+
+    name: str
+    targets: tuple[Target, ...]
+    aliases: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()  # names of other pools, tried in order
+    tokenizer: str | None = None
+    source: str = "config"
+    routing: RoutingPolicy = "least_load"
+
+    @property
+    def engine(self) -> EngineKind:
+        return self.targets[0].engine if self.targets else "openai"
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    pools: Mapping[str, Pool]
+    default_model: str | None = None
+    names: Mapping[str, str] = field(default_factory=dict)  # name or alias -> pool name
+
+    def resolve(self, model: str | None) -> Pool:
+        """The pool a request's ``model`` selects; the default when it names none."""
+        if model is None:
+            if self.default_model is None:
+                raise InvalidRequest(
+                    "you must provide a model parameter", param="model", code="missing_model"
+                )
+            model = self.default_model
+        name = self.names.get(model)
+        if name is None:
+            raise ModelNotFound(
+                f"The model {model!r} does not exist or is not served here; "
+                "GET /v1/models lists the models this gateway serves.",
+                param="model",
+            )
+        return self.pools[name]
+
+    def fallback_chain(self, pool: Pool) -> list[Pool]:
+        """The pool followed by its fallbacks, each once."""
+        chain, seen = [pool], {pool.name}
+        for name in pool.fallbacks:
+            if name in self.pools and name not in seen:
+                chain.append(self.pools[name])
+                seen.add(name)
+        return chain
+
+
+@dataclass(frozen=True)
+class DiscoveredModel:
+    """A served model and its ready endpoints, as the control plane reports them."""
+
+    name: str
+    engine: EngineKind
+    urls: tuple[str, ...]
+
+
+@dataclass
+class _PoolDraft:
+    targets: list[Target] = field(default_factory=list)
+    aliases: list[str] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)
+    tokenizer: str | None = None
+    source: str = "config"
+    routing: RoutingPolicy | None = None
+
+    def freeze(self, name: str, default_routing: RoutingPolicy) -> Pool:
+        return Pool(
+            name=name,
+            targets=tuple(self.targets),
+            aliases=tuple(dict.fromkeys(self.aliases)),
+            fallbacks=tuple(f for f in dict.fromkeys(self.fallbacks) if f != name),
+            tokenizer=self.tokenizer,
+            source=self.source,
+            routing=self.routing or default_routing,
+        )
+
+
+def build_table(
+    config: GatewayConfig, discovered: Iterable[DiscoveredModel] = (), *, engine_key: str = ""
+) -> RoutingTable:
+    """Merge static upstreams and discovered models into one table; same model, one pool.
+    ``engine_key``: what every discovered endpoint is called with (ADR 0010); a URL also
+    declared statically keeps its upstream's key."""
+    drafts: dict[str, _PoolDraft] = {}
+    id_to_model = {u.id: u.model for u in config.upstreams}
+    for up in config.upstreams:
+        draft = drafts.setdefault(up.model, _PoolDraft())
+        draft.targets += [Target(url, up.engine, up.id, up.api_key, up.slots) for url in up.urls()]
+        draft.aliases += up.aliases
+        draft.fallbacks += [id_to_model[f] for f in up.fallbacks]
+        draft.tokenizer = draft.tokenizer or up.tokenizer
+        draft.routing = draft.routing or up.routing
+    for model in discovered:
+        draft = drafts.setdefault(model.name, _PoolDraft(source="discovery"))
+        known = {t.url for t in draft.targets}
+        draft.targets += [
+            Target(u, model.engine, "discovered", engine_key) for u in model.urls if u not in known
+        ]
+    pools = {name: draft.freeze(name, config.routing.policy) for name, draft in drafts.items()}
+    names = {name: name for name in pools}
+    for pool in pools.values():
+        for alias in pool.aliases:
+            names.setdefault(alias, pool.name)
+    return RoutingTable(pools, config.default_model, names)
