@@ -1,4 +1,4 @@
-// Lists page on the server (issue 18): a page is `limit` rows after a cursor, and a response
+// Lists page on the server: a page is `limit` rows after a cursor, and a response
 // carries `next` while more rows follow (fleet_core/shared/paging.py). The console keeps the cursors
 // of the pages it has passed, so "previous" goes back without offsets.
 

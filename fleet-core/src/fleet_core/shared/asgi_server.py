@@ -56,7 +56,7 @@ def settle_heap() -> None:
     collection, and young collections run a tenth as often. A request allocates a few hundred
     objects and frees nearly all of them by reference count, so at the default threshold the
     collector ran every few requests, walking the same long-lived objects: a seventh of a
-    gateway's CPU (ADR 0002, session 9). Cycles are still collected, only later."""
+    gateway's CPU (ADR 0002). Cycles are still collected, only later."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()

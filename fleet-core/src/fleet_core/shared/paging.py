@@ -1,4 +1,4 @@
-"""Keyset (cursor) pagination for the control plane's lists (issue 18: lists page on the server).
+"""Keyset (cursor) pagination for the control plane's lists: lists page on the server.
 
 A list is ordered by a unique key (``id``, or ``created_at, id``); a page is the first ``limit``
 rows after the previous page's last key. The cursor (``next`` in a response, ``after`` in the

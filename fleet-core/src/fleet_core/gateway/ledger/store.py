@@ -79,7 +79,7 @@ _STAGING = (
     f" AS SELECT {_COLS} FROM ledger WITH NO DATA"
 )
 # Binary COPY: psycopg formats a row of these types in C at ~3.5 us, against ~9 us for the text
-# format's per-value conversions (issue 21; one row per request in database mode).
+# format's per-value conversions (one row per request in database mode).
 _COPY = f"COPY ledger_staging ({_COLS}) FROM STDIN (FORMAT BINARY)"
 _TYPES = tuple(
     {

@@ -1,7 +1,7 @@
 """The gateway's per-request metrics as plain numbers, collected as prometheus_client's families.
 
 prometheus_client's ``Counter.inc`` and ``Histogram.observe`` take a lock per value and walk the
-buckets in Python: about 6 us of every plain request (ADR 0002, sessions 8 and 9). Every update
+buckets in Python: about 6 us of every plain request (ADR 0002). Every update
 here happens in the event loop's thread, so a value is a float in a dict (a histogram's bucket
 counts a list) updated without a lock, and the exposition is built when a scrape collects it.
 

@@ -1,5 +1,5 @@
--- Unit rates become integers: micro-units per 1,000 tokens (issue 13; numbered 0011 after
--- 0010_auth, leaving 0008-0009 to work in flight elsewhere).
+-- Unit rates become integers: micro-units per 1,000 tokens (numbered 0011 after
+-- 0010_auth, leaving 0008-0009 to work then in flight elsewhere).
 --
 -- 0004 kept rates as double precision units per million tokens and the gateway multiplied and
 -- rounded in floating point, half to even. A rate is now an exact integer and a request's

@@ -1,4 +1,4 @@
--- The cost period rules (issue 15): placements kept in time, clusters that end, bounded counts.
+-- The cost period rules: placements kept in time, clusters that end, bounded counts.
 
 -- A pod IP is recycled: the endpoint URL a ledger row names meant one replica in July and
 -- another in August. Each placement is now a version valid over [valid_from, valid_to), from

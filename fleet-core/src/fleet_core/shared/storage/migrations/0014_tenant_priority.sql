@@ -1,4 +1,4 @@
--- A tenant's priority (issue 20): its weight in the gateway's fair queue when an endpoint's
+-- A tenant's priority: its weight in the gateway's fair queue when an endpoint's
 -- slots are full. 1 for everyone keeps today's equal shares; bounded so one tenant cannot be
 -- given a share that starves the rest entirely.
 ALTER TABLE tenants

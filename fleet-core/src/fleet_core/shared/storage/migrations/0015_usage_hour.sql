@@ -1,4 +1,4 @@
--- Hourly sums of the ledger (issue 18): usage over a day or a month reads hours, not minutes, so
+-- Hourly sums of the ledger: usage over a day or a month reads hours, not minutes, so
 -- a console call stays fast with millions of rows. Kept by the ledger writer in the same statement
 -- as usage_minute (both summed from the same insert's RETURNING), so every hour row is exactly the
 -- sum of its 60 minute rows; backfilled here from the minute rollups, under a lock that keeps

@@ -1,4 +1,4 @@
--- Hourly rollups of the engine-vs-gateway token counts (issue 18): the usage agreement over a
+-- Hourly rollups of the engine-vs-gateway token counts: the usage agreement over a
 -- day or a month reads hours, not raw ledger rows. Two tables, both kept by the ledger writer in
 -- the same statement as usage_minute and usage_hour (summed from the same insert's RETURNING,
 -- so a replayed row adds to none of them):
@@ -56,7 +56,7 @@ SELECT model, date_trunc('hour', done_at, 'UTC'), 'completion',
        count(*)
 FROM ledger WHERE outcome <> 'refused' AND engine_completion_tokens IS NOT NULL GROUP BY 1, 2, 4;
 
--- Lists page on the server by keyset (issue 18): an index per list's order, so a deep page
+-- Lists page on the server by keyset: an index per list's order, so a deep page
 -- costs as little as the first. (Tenants and projects page by their primary key; cost rates by
 -- their unique (cluster_id, effective_from).)
 CREATE INDEX api_keys_created ON api_keys (created_at, id);
