@@ -88,7 +88,8 @@ SMOKE_ADMIN_TOKEN ?= .dev/admin-token
 smoke: $(STAMP)
 	$(BIN)/fleet smoke --gateway http://127.0.0.1:$${FLEET_DEV_PORT:-8080} \
 		--control-plane http://127.0.0.1:$${FLEET_DEV_API_PORT:-8081} \
-		--admin-token-file $(SMOKE_ADMIN_TOKEN) --own-gateway $(SMOKE_ARGS)
+		--admin-token-file $(SMOKE_ADMIN_TOKEN) --own-gateway \
+		--hub http://127.0.0.1:$${FLEET_DEV_HUB_PORT:-8090} $(SMOKE_ARGS)
 
 # The operator's tests run on a real etcd + kube-apiserver + kube-controller-manager, built once
 # from the Kubernetes Go modules into ~/.cache/fleet/k8s-<version>/ (needs Go; instant when cached).

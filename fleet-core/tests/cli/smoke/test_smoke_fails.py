@@ -112,6 +112,8 @@ def _against(
         control_plane,
         "--admin-token-file",
         str(admin),
+        "--hub",
+        f"{control_plane}/hub",
         "--only",
         area,
         *(("--keep-going",) if keep_going else ()),
@@ -318,3 +320,14 @@ async def test_sigterm_mid_run_still_deactivates_the_tenants(
     assert "it appears in /api/v1/usage" not in out, "stopped only after the wait"
     assert out.strip().splitlines()[-1].startswith("INTERRUPTED: ")
     assert plane.deactivated == [line(out, "fleet smoke").split()[2].rstrip(":") + "-budget"]
+
+
+async def test_weight_formats_are_skipped_with_a_reason_without_a_hub(admin_file: Path) -> None:
+    """A control plane pulling from the real hub: the synthetic repositories are not there."""
+    async with serving(fakes.ControlPlane().app()) as cp:
+        args = [
+            a for a in _against(cp, cp, admin_file, "formats") if a not in ("--hub", f"{cp}/hub")
+        ]
+        code, out = await smoke(*args)
+    assert code == 0, out
+    assert "no --hub given: skipped" in line(out, "the synthetic hub's repositories")

@@ -69,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", help="the model to call (default: the first /v1/models lists)")
     parser.add_argument(
+        "--hub",
+        help="the synthetic hub the control plane pulls from (make smoke passes make dev's); "
+        "without it the weight-format rows are skipped",
+    )
+    parser.add_argument(
         "--own-gateway",
         action="store_true",
         help="auth, rate-limit and metrics rows on a second gateway of its own (make smoke)",
@@ -131,6 +136,7 @@ async def _run(args: argparse.Namespace, runner: Runner) -> None:
             admin=admin,
             key=_secret(args.key_file, "--key-file") or os.environ.get("FLEET_SMOKE_KEY") or None,
             model=args.model,
+            hub=args.hub.rstrip("/") if args.hub else None,
             metrics_token=_secret(args.metrics_token_file, "--metrics-token-file"),
             make_limited=_own if args.own_gateway else None,
             stack=stack,

@@ -126,6 +126,8 @@ class Context:
     key: str | None = None
     """``--key-file`` (or FLEET_SMOKE_KEY): a key of the deployment's own, for the OpenAI rows."""
     model: str | None = None
+    hub: str | None = None
+    """``--hub``: the synthetic hub the control plane pulls from, for the weight-format rows."""
     metrics_token: str | None = None
     throwaway: Throwaway | None = None
     limited: object | None = None

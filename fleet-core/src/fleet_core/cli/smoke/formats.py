@@ -2,8 +2,9 @@
 side; each fits its own engine (vLLM: safetensors, llama.cpp: GGUF) and is refused by the other's,
 with the reason in the message (a FleetModel pairing the wrong ones would crash-loop instead).
 
-Needs a control plane pulling from the synthetic hub (``make dev``: FLEET_HUB_URL); against a
-deployment pulling from the real hub it says so and checks nothing. The models are registered under
+Needs a control plane pulling from the synthetic hub, named by ``--hub`` (``make smoke`` passes
+``make dev``'s); without it, or against a deployment pulling from the real hub, it says so and
+checks nothing. The models are registered under
 the run's own ids and deleted afterwards.
 """
 
@@ -24,12 +25,15 @@ _READY_WITHIN_S = 90.0
 
 async def run(ctx: Context, runner: Runner) -> None:
     admin = ctx.tenants()
-    hub = await ctx.http.call("GET", f"{ctx.control_plane}/hub/api/models/fleet/tiny-gguf")
+    if ctx.hub is None:
+        runner.note(AREA, "the synthetic hub's repositories", "no --hub given: skipped")
+        return
+    hub = await ctx.http.call("GET", f"{ctx.hub}/api/models/fleet/tiny-gguf")
     if hub.status != 200:
         runner.note(
             AREA,
             "the synthetic hub's repositories",
-            f"not served here (GET /hub/...: {hub.status}): skipped",
+            f"not served at --hub {ctx.hub} ({hub.status}): skipped",
         )
         return
     made = []
