@@ -1,6 +1,6 @@
 """A synthetic Hugging Face hub serving generated repositories of real weight formats.
 
-app = create_hub_app()          # mount under /hub on the control plane, or serve on its own
+app = create_hub_app()          # serve it: python -m fleet_core.devtools.hub (make dev does)
 """
 
 from fleet_core.devtools.hub.app import Hub, HubRequest, create_hub_app
