@@ -23,7 +23,7 @@ from fleet_core.gateway.admission.budget_book import (
 )
 from fleet_core.gateway.admission.directory import BudgetRule
 from fleet_core.gateway.admission.limits import Decision
-from fleet_core.gateway.admission.store import MemoryStore
+from fleet_core.gateway.admission.memory_store import MemoryStore
 from fleet_core.shared.errors import ReservationTooLarge
 
 from .conftest import FakeClock
@@ -267,11 +267,11 @@ async def test_a_growth_given_up_before_it_arrives_is_refused() -> None:
 
 
 async def test_growths_asked_together_make_the_entry_once() -> None:
-    """The clean-clone failure of session 21 (two gateways under load, one entry 22,418 in a
-    book of limit 5,000): requests asked to grow the entry before the store had it, and the
-    first growth to land made it at a figure counting the others' needs as granted; each of
-    them, landing after, added its growth again. An entry is made from what the store has
-    confirmed, never from growths still on their way."""
+    """Seen once on a clean clone (two gateways under load, one entry 22,418 in a book of limit
+    5,000): requests asked to grow the entry before the store had it, and the first growth to land
+    made it at a figure counting the others' needs as granted; each of them, landing after, added
+    its growth again. An entry is made from what the store has confirmed, never from growths still
+    on their way."""
     store = MemoryStore()
     book = BudgetBook()
     book.refreshed({}, started_at=0.0)
@@ -289,7 +289,7 @@ async def test_growths_asked_together_make_the_entry_once() -> None:
 
 
 async def test_a_request_served_before_its_rule_existed_counts_until_rolled_up() -> None:
-    """The CI failure of stop 22: a request admitted before the gateway knew a new rule held
+    """Seen once in CI: a request admitted before the gateway knew a new rule held
     nothing, and its record was not yet in the rollups, so the rule admitted 20 tokens too many."""
     store = MemoryStore()
     book = BudgetBook(grace_s=2.0, ledger=True)

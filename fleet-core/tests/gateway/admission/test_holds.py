@@ -29,6 +29,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from fleet_core.gateway.admission.batching_store import BatchingStore
 from fleet_core.gateway.admission.budget_book import Amounts, BudgetBook, BudgetHold, book_key
 from fleet_core.gateway.admission.directory import BudgetRule, StaticDirectory
 from fleet_core.gateway.admission.key_ring import ANONYMOUS, Principal
@@ -43,7 +44,6 @@ from fleet_core.gateway.admission.limits import (
 from fleet_core.gateway.admission.rate_policy import Limits, RatePolicy
 from fleet_core.gateway.admission.service import Admission, OnStoreError
 from fleet_core.gateway.admission.store import (
-    BatchingStore,
     RedisStore,
     expiry_key,
     open_redis_store,
@@ -115,7 +115,8 @@ async def two(redis_url: str) -> AsyncIterator[tuple[RedisStore, RedisStore]]:
 async def test_requests_on_one_gateway_refuse_on_another(
     two: tuple[RedisStore, RedisStore], redis_prefix: str, redis_url: str
 ) -> None:
-    """The issue's case: a 1,000-token rule, three 400-token requests on A, three on B."""
+    """A 1,000-token rule, three 400-token requests on gateway A, three on gateway B: what one
+    gateway holds counts on the other."""
     a, b = two
     rule = rule_for(redis_prefix)
     books = BudgetBook(prefix=redis_prefix), BudgetBook(prefix=redis_prefix)

@@ -16,12 +16,13 @@ import pytest
 from redis.asyncio import Redis
 
 from fleet_core.gateway.admission import service
+from fleet_core.gateway.admission.batching_store import BatchingStore
 from fleet_core.gateway.admission.budget_book import Amounts
 from fleet_core.gateway.admission.directory import StaticDirectory
 from fleet_core.gateway.admission.key_ring import ANONYMOUS
 from fleet_core.gateway.admission.rate_policy import Limits, RatePolicy
 from fleet_core.gateway.admission.service import DRAIN_S, Admission
-from fleet_core.gateway.admission.store import BatchingStore, open_redis_store
+from fleet_core.gateway.admission.store import open_redis_store
 from fleet_core.shared import stopping
 from fleet_testing import servers
 from fleet_testing.fix_proxy import ProxyFactory, TcpProxy
@@ -134,7 +135,7 @@ async def _cut_settlement(slow: Slow, used: int, request_id: str) -> None:
 
 
 async def test_a_settlement_that_met_a_dead_redis_lands_once_it_is_back(slow: Slow) -> None:
-    """Issue 13: the failed batch is kept and sent again (same id) until Redis answers."""
+    """The failed batch is kept and sent again (same id) until Redis answers."""
     slow.proxy.latency_s = 0
     started = time.monotonic()
     await _cut_settlement(slow, used=500, request_id="r")

@@ -19,8 +19,8 @@ way, for at most `DRAIN_S` however dead the store; what is left then is counted 
 ``fleet_settlements_dropped_total`` and logged on one line, never lost silently.
 
 A reservation whose waiter is cancelled (the client left, or shutdown) while its store call is on
-the wire is given back by the store when the answer arrives (`store.BatchingStore`); its budget
-reservation is given back here.
+the wire is given back by the store when the answer arrives (`batching_store.BatchingStore`); its
+budget reservation is given back here.
 """
 
 from __future__ import annotations
