@@ -12,18 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet_core.gateway.admission import budget_book
-from fleet_core.gateway.admission.budget_book import (
-    SLACK_S,
-    Amounts,
-    BudgetBook,
-    BudgetHold,
-    book_key,
-    free_after,
-)
+from fleet_core.gateway.admission import budget_book, unheld
+from fleet_core.gateway.admission.allowances import book_key
+from fleet_core.gateway.admission.budget_book import SLACK_S, Amounts, BudgetBook, BudgetHold
 from fleet_core.gateway.admission.directory import BudgetRule
 from fleet_core.gateway.admission.limits import Decision
 from fleet_core.gateway.admission.memory_store import MemoryStore
+from fleet_core.gateway.admission.windows import free_after
 from fleet_core.shared.errors import ReservationTooLarge
 
 from .conftest import FakeClock
@@ -348,7 +343,7 @@ def test_unheld_use_counts_per_tenant_and_project_until_rolled_up(
         "acme/x": BudgetRule("rule_x", "project", "acme/x", "tokens_input", 10**9, 3600),
         "acme/y": BudgetRule("rule_y", "project", "acme/y", "tokens_output", 10**9, 3600),
     }
-    with mock.patch.object(budget_book, "RECENT_LIMIT", limit):
+    with mock.patch.object(unheld, "RECENT_LIMIT", limit):
         book = BudgetBook(grace_s=2.0, ledger=True)
         uncommitted: dict[str, tuple[str, str, Amounts]] = {}
         committed: list[tuple[float, str, str, Amounts]] = []
@@ -384,7 +379,7 @@ def test_past_the_limit_only_the_oldest_committed_requests_leave() -> None:
     """The ledger commits unheld requests a batch at a time; past ``RECENT_LIMIT`` a refresh
     drops the oldest requests one by one, splitting a batch rather than dropping it whole."""
     rule = BudgetRule("rule_t", "tenant", "acme", "tokens_input", 10**9, 3600)
-    with mock.patch.object(budget_book, "RECENT_LIMIT", 3):
+    with mock.patch.object(unheld, "RECENT_LIMIT", 3):
         book = BudgetBook(grace_s=2.0, ledger=True)
         for n, used in enumerate((1, 10, 100, 1000)):
             book.settle_unheld("acme", "x", Amounts(tokens_input=used), request_id=f"r{n}")

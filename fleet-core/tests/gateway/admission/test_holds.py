@@ -29,8 +29,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from fleet_core.gateway.admission.allowances import book_key
 from fleet_core.gateway.admission.batching_store import BatchingStore
-from fleet_core.gateway.admission.budget_book import Amounts, BudgetBook, BudgetHold, book_key
+from fleet_core.gateway.admission.budget_book import Amounts, BudgetBook, BudgetHold
 from fleet_core.gateway.admission.directory import BudgetRule, StaticDirectory
 from fleet_core.gateway.admission.key_ring import ANONYMOUS, Principal
 from fleet_core.gateway.admission.limits import (

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet_core.gateway.admission.budget_book import Amounts, BudgetBook, book_key
+from fleet_core.gateway.admission.allowances import book_key
+from fleet_core.gateway.admission.budget_book import Amounts, BudgetBook
 from fleet_core.gateway.admission.directory import BudgetRule, Catalog, CatalogDirectory
 from fleet_core.gateway.admission.key_ring import Principal
 from fleet_core.gateway.admission.limits import Bucket, Charge, merged_charges

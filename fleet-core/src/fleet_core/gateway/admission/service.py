@@ -37,12 +37,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from fleet_core.gateway.admission.budget_book import (
-    Amounts,
-    BudgetBook,
-    BudgetExceeded,
-    BudgetHold,
-)
+from fleet_core.gateway.admission.budget_book import Amounts, BudgetBook, BudgetHold
 from fleet_core.gateway.admission.directory import BudgetRule, Directory, Rates
 from fleet_core.gateway.admission.key_ring import Principal
 from fleet_core.gateway.admission.limits import (
@@ -58,7 +53,7 @@ from fleet_core.gateway.admission.limits import (
 from fleet_core.shared import stopping
 from fleet_core.shared.errors import RateLimited, ReservationTooLarge, Unavailable
 
-__all__ = ["Admission", "AdmissionMetrics", "BudgetWait", "Reservation"]
+__all__ = ["Admission", "AdmissionMetrics", "BudgetExceeded", "BudgetWait", "Reservation"]
 
 log = logging.getLogger("fleet.admission")
 OnStoreError = Literal["closed", "open"]
@@ -84,6 +79,10 @@ DRAIN_S = 2.0
 
 BudgetWait = Callable[[BudgetRule, int], Awaitable[float | None]]
 """Seconds until a refusing rule's window frees enough to shed an excess; None if unknown."""
+
+
+class BudgetExceeded(RateLimited):
+    default_code = "budget_exceeded"
 
 
 class AdmissionMetrics(Protocol):
