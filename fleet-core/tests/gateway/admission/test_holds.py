@@ -631,10 +631,10 @@ async def test_a_growth_that_met_a_dead_redis_is_given_back_as_configured(
         assert book.allowance(rule) == (0, 0, 0)
         assert book.own() == 0
         await _until(lambda: errors.store_errors >= 2)  # the undo failed too: kept
-        assert admission._unsent_holds
+        assert admission._settlements._unsent_holds
         await asyncio.to_thread(proxy.resume)
         admission.keep_holds()
-        await _until(lambda: not admission._unsent_holds)
+        await _until(lambda: not admission._settlements._unsent_holds)
         assert entries(redis_url, key) in ({}, {book.owner: 0})
         reservation = await admission.admit(ANONYMOUS, Amounts(tokens_output=100))
         assert reservation.hold is not None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 from redis.asyncio import Redis
 
-from fleet_core.gateway.admission import service
+from fleet_core.gateway.admission import settling
 from fleet_core.gateway.admission.batching_store import BatchingStore
 from fleet_core.gateway.admission.budget_book import Amounts
 from fleet_core.gateway.admission.directory import StaticDirectory
@@ -164,7 +164,7 @@ async def test_drain_gives_up_on_a_dead_redis_within_its_bound(slow: Slow) -> No
 async def test_over_the_cap_the_oldest_failed_batch_is_dropped_and_counted(
     slow: Slow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service, "UNSETTLED_CAP", 1)
+    monkeypatch.setattr(settling, "UNSETTLED_CAP", 1)
     slow.proxy.latency_s = 0
     second = await slow.admission.admit(ANONYMOUS, Amounts(tokens_output=1000))
     await _cut_settlement(slow, used=500, request_id="r1")  # refund 2,500: dropped below
