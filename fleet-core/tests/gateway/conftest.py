@@ -1,16 +1,21 @@
-"""Fixtures for gateway tests: stub engines and gateways served for real over loopback."""
+"""Fixtures for gateway tests: stub engines and gateways served for real over loopback, and
+database mode as a whole (`start_fleet`: the control plane, a stub engine and a gateway on one
+fresh database)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import msgspec
 import openai
+import psycopg
 import pytest
 from starlette.applications import Starlette
 
@@ -218,3 +223,118 @@ async def issue_tenant_key(api: httpx.AsyncClient, *, tpm: int) -> str:
         response = await api.post(path, json=body)
         assert response.status_code == 201, response.text
     return str(response.json()["secret"])
+
+
+MODEL = "m1"
+"""The model a `Fleet`'s stub engine serves."""
+CHANGE_DEADLINE_S = 2.0
+"""How soon a change made through the control plane's API must reach a `Fleet`'s gateway."""
+
+
+@dataclass
+class Fleet:
+    """The control plane's API client (as the admin), a gateway in database mode serving
+    `MODEL`, and their database, with tenant ``acme`` and its project ``acme/research``."""
+
+    api: httpx.AsyncClient
+    gateway: Served
+    database_url: str
+    tenant: str = "acme"
+    project: str = "acme/research"
+
+    def sdk(self, key: str) -> openai.AsyncOpenAI:
+        client = openai.AsyncOpenAI(base_url=f"{self.gateway.url}/v1", api_key=key, max_retries=0)
+        assert self.gateway.stack is not None
+        self.gateway.stack.push_async_callback(client.close)
+        return client
+
+    async def call(self, body: dict[str, Any], *, status: int) -> dict[str, Any]:
+        response = await self.api.request(body.pop("_method", "POST"), body.pop("_path"), json=body)
+        assert response.status_code == status, response.text
+        found: dict[str, Any] = response.json()
+        return found
+
+    async def issue_key(self, project: str | None = None) -> dict[str, Any]:
+        return await self.call(
+            {"_path": "/api/v1/keys", "projectId": project or self.project, "label": "t"},
+            status=201,
+        )
+
+    async def ledger(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        async with await psycopg.AsyncConnection.connect(self.database_url) as conn:
+            cur = await conn.execute(sql, args)
+            return await cur.fetchall()
+
+    async def ledger_rows(self, count: int, timeout_s: float = 15.0) -> list[tuple[Any, ...]]:
+        """The ledger's rows once it holds ``count`` (the writer batches in the background)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rows = await self.ledger(
+                "SELECT request_id, tenant, project, key_id, model, endpoint, status, outcome,"
+                " prompt_tokens, completion_tokens, units FROM ledger ORDER BY received_at"
+            )
+            if len(rows) >= count or time.monotonic() > deadline:
+                return rows
+            await asyncio.sleep(0.05)
+
+
+FleetFactory = Callable[..., Awaitable[Fleet]]
+
+
+@pytest.fixture
+async def start_fleet(
+    postgres_url: str,
+    start_stub: StubFactory,
+    start_gateway: GatewayFactory,
+    tmp_path: Path,
+    admin_token: str,
+) -> AsyncIterator[FleetFactory]:
+    """``await start_fleet(gateway_db_url=None, **stub)``: control plane, engine, gateway."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(gateway_db_url: str | None = None, **stub: Any) -> Fleet:
+            control_plane = running_control_plane(postgres_url, admin_token)
+            api = await stack.enter_async_context(control_plane)
+            engine = await start_stub(model=MODEL, **stub)
+            database = DatabaseModeSettings(
+                url=gateway_db_url or postgres_url,
+                spool_path=tmp_path / "spool" / "ledger.jsonl",
+                catalog_poll_s=0.5,
+                budget_refresh_s=0.2,
+                key_usage_interval_s=0.2,
+            )
+            config = {"upstreams": [{"id": MODEL, "model": MODEL, "base_url": engine.url}]}
+            gateway = await start_gateway(config, database=database)
+            fleet = Fleet(api, gateway, postgres_url)
+            await fleet.call({"_path": "/api/v1/tenants", "id": "acme", "name": "Acme"}, status=201)
+            await fleet.call(
+                {"_path": "/api/v1/projects", "tenantId": "acme", "name": "research"}, status=201
+            )
+            return fleet
+
+        yield start
+
+
+async def until(check: Callable[[], Awaitable[bool]], *, within_s: float) -> float:
+    """Seconds until ``check()`` held; fails past ``within_s``."""
+    started = time.monotonic()
+    while not await check():
+        elapsed = time.monotonic() - started
+        assert elapsed < within_s, f"not true within {within_s}s"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+async def status_with(fleet: Fleet, key: str, **extra: Any) -> int:
+    async with httpx.AsyncClient() as http:
+        response = await http.post(
+            f"{fleet.gateway.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": MODEL, "messages": MSG, "max_tokens": 8, **extra},
+        )
+    return response.status_code
+
+
+async def key_served(fleet: Fleet, key: str) -> bool:
+    """Whether the gateway serves ``key`` now."""
+    return await status_with(fleet, key) == 200

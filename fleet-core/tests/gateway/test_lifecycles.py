@@ -39,12 +39,14 @@ from hypothesis.stateful import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleet_core.gateway.admission.batching_store import BatchingStore
 from fleet_core.gateway.admission.directory import StaticDirectory
 from fleet_core.gateway.admission.key_ring import ANONYMOUS
 from fleet_core.gateway.admission.limits import Bucket, Charge, LimitStore
+from fleet_core.gateway.admission.memory_store import MemoryStore
 from fleet_core.gateway.admission.rate_policy import Limits, RatePolicy
 from fleet_core.gateway.admission.service import Admission
-from fleet_core.gateway.admission.store import BatchingStore, MemoryStore, open_redis_store
+from fleet_core.gateway.admission.store import open_redis_store
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.edge.wire import parse_request
 from fleet_core.gateway.exchange.proxy import Proxy

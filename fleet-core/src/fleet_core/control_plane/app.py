@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from fleet_core.control_plane import openapi
+from fleet_core.control_plane import openapi, operations
 from fleet_core.control_plane.access import ANY_CREDENTIAL, POLICY
 from fleet_core.control_plane.api_keys.routes import keys_routes
 from fleet_core.control_plane.auth import guard
@@ -174,7 +174,7 @@ def _openapi_route(served: list[BaseRoute]) -> Route:
     async def document(request: Request) -> Response:
         return Response(body, media_type="application/json")
 
-    return Route(openapi.OPENAPI_PATH, document, methods=["GET"])
+    return Route(operations.OPENAPI_PATH, document, methods=["GET"])
 
 
 def create_apiserver_app(settings: ApiserverSettings, resources: ApiserverResources) -> Starlette:

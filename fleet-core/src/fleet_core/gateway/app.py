@@ -18,7 +18,8 @@ import aiohttp
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 
-from fleet_core.gateway.admission.budget_book import BudgetBook, free_after
+from fleet_core.gateway.admission.batching_store import BatchingStore
+from fleet_core.gateway.admission.budget_book import BudgetBook
 from fleet_core.gateway.admission.catalog import (
     CatalogWatcher,
     KeyUsage,
@@ -35,8 +36,10 @@ from fleet_core.gateway.admission.directory import (
 )
 from fleet_core.gateway.admission.leases import LeasedStore
 from fleet_core.gateway.admission.limits import LimitStore
+from fleet_core.gateway.admission.memory_store import MemoryStore
 from fleet_core.gateway.admission.service import Admission, BudgetWait
-from fleet_core.gateway.admission.store import BatchingStore, MemoryStore, open_redis_store
+from fleet_core.gateway.admission.store import open_redis_store
+from fleet_core.gateway.admission.windows import free_after
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.console.proxying import proxy_routes
 from fleet_core.gateway.console.serving import console_routes, with_shell

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from fleet_core.gateway.admission.limits import Bucket, LimitStore
-from fleet_core.gateway.admission.store import MemoryStore, open_redis_store
+from fleet_core.gateway.admission.memory_store import MemoryStore
+from fleet_core.gateway.admission.store import open_redis_store
 
 START_TIMEOUT_S = 10.0
 TEST_TIMEOUT_S = 5.0

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis
 
+from fleet_core.gateway.admission.batching_store import BatchingStore
 from fleet_core.gateway.admission.limits import Bucket, Charge
-from fleet_core.gateway.admission.store import BatchingStore, RedisStore, open_redis_store
+from fleet_core.gateway.admission.store import RedisStore, open_redis_store
 from fleet_testing.fix_redis_process import RedisProcess
 
 

@@ -12,18 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet_core.gateway.admission import budget_book
-from fleet_core.gateway.admission.budget_book import (
-    SLACK_S,
-    Amounts,
-    BudgetBook,
-    BudgetHold,
-    book_key,
-    free_after,
-)
+from fleet_core.gateway.admission import budget_book, unheld
+from fleet_core.gateway.admission.allowances import book_key
+from fleet_core.gateway.admission.budget_book import SLACK_S, Amounts, BudgetBook, BudgetHold
 from fleet_core.gateway.admission.directory import BudgetRule
 from fleet_core.gateway.admission.limits import Decision
-from fleet_core.gateway.admission.store import MemoryStore
+from fleet_core.gateway.admission.memory_store import MemoryStore
+from fleet_core.gateway.admission.windows import free_after
 from fleet_core.shared.errors import ReservationTooLarge
 
 from .conftest import FakeClock
@@ -267,11 +262,11 @@ async def test_a_growth_given_up_before_it_arrives_is_refused() -> None:
 
 
 async def test_growths_asked_together_make_the_entry_once() -> None:
-    """The clean-clone failure of session 21 (two gateways under load, one entry 22,418 in a
-    book of limit 5,000): requests asked to grow the entry before the store had it, and the
-    first growth to land made it at a figure counting the others' needs as granted; each of
-    them, landing after, added its growth again. An entry is made from what the store has
-    confirmed, never from growths still on their way."""
+    """Seen once on a clean clone (two gateways under load, one entry 22,418 in a book of limit
+    5,000): requests asked to grow the entry before the store had it, and the first growth to land
+    made it at a figure counting the others' needs as granted; each of them, landing after, added
+    its growth again. An entry is made from what the store has confirmed, never from growths still
+    on their way."""
     store = MemoryStore()
     book = BudgetBook()
     book.refreshed({}, started_at=0.0)
@@ -289,7 +284,7 @@ async def test_growths_asked_together_make_the_entry_once() -> None:
 
 
 async def test_a_request_served_before_its_rule_existed_counts_until_rolled_up() -> None:
-    """The CI failure of stop 22: a request admitted before the gateway knew a new rule held
+    """Seen once in CI: a request admitted before the gateway knew a new rule held
     nothing, and its record was not yet in the rollups, so the rule admitted 20 tokens too many."""
     store = MemoryStore()
     book = BudgetBook(grace_s=2.0, ledger=True)
@@ -348,7 +343,7 @@ def test_unheld_use_counts_per_tenant_and_project_until_rolled_up(
         "acme/x": BudgetRule("rule_x", "project", "acme/x", "tokens_input", 10**9, 3600),
         "acme/y": BudgetRule("rule_y", "project", "acme/y", "tokens_output", 10**9, 3600),
     }
-    with mock.patch.object(budget_book, "RECENT_LIMIT", limit):
+    with mock.patch.object(unheld, "RECENT_LIMIT", limit):
         book = BudgetBook(grace_s=2.0, ledger=True)
         uncommitted: dict[str, tuple[str, str, Amounts]] = {}
         committed: list[tuple[float, str, str, Amounts]] = []
@@ -384,7 +379,7 @@ def test_past_the_limit_only_the_oldest_committed_requests_leave() -> None:
     """The ledger commits unheld requests a batch at a time; past ``RECENT_LIMIT`` a refresh
     drops the oldest requests one by one, splitting a batch rather than dropping it whole."""
     rule = BudgetRule("rule_t", "tenant", "acme", "tokens_input", 10**9, 3600)
-    with mock.patch.object(budget_book, "RECENT_LIMIT", 3):
+    with mock.patch.object(unheld, "RECENT_LIMIT", 3):
         book = BudgetBook(grace_s=2.0, ledger=True)
         for n, used in enumerate((1, 10, 100, 1000)):
             book.settle_unheld("acme", "x", Amounts(tokens_input=used), request_id=f"r{n}")

@@ -19,14 +19,16 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from fleet_core.gateway.admission import leases
+from fleet_core.gateway.admission.batching_store import BatchingStore
 from fleet_core.gateway.admission.budget_book import Amounts
 from fleet_core.gateway.admission.directory import StaticDirectory
 from fleet_core.gateway.admission.key_ring import ANONYMOUS
 from fleet_core.gateway.admission.leases import LeasedStore
 from fleet_core.gateway.admission.limits import Bucket, Charge, Hold, StoreUnavailable
+from fleet_core.gateway.admission.memory_store import MemoryStore
 from fleet_core.gateway.admission.rate_policy import Limits, RatePolicy
 from fleet_core.gateway.admission.service import Admission
-from fleet_core.gateway.admission.store import BatchingStore, MemoryStore, open_redis_store
+from fleet_core.gateway.admission.store import open_redis_store
 from fleet_core.gateway.settings import admission_from_env
 from fleet_core.shared.errors import ConfigError, Unavailable
 from fleet_testing.fix_redis_process import RedisProcess

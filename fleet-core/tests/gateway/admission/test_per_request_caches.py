@@ -1,7 +1,6 @@
-"""What admission keeps per key or per set of rules rather than working out per request (issue
-21, session 9) must answer as if worked out each time: a principal's rules follow the catalog
-snapshot, a reservation's allowances follow its rules, and charges are merged exactly when a bucket
-comes twice."""
+"""What admission keeps per key or per set of rules rather than working out per request must answer
+as if worked out each time: a principal's rules follow the catalog snapshot, a reservation's
+allowances follow its rules, and charges are merged exactly when a bucket comes twice."""
 
 from __future__ import annotations
 
@@ -12,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet_core.gateway.admission.budget_book import Amounts, BudgetBook, book_key
+from fleet_core.gateway.admission.allowances import book_key
+from fleet_core.gateway.admission.budget_book import Amounts, BudgetBook
 from fleet_core.gateway.admission.directory import BudgetRule, Catalog, CatalogDirectory
 from fleet_core.gateway.admission.key_ring import Principal
-from fleet_core.gateway.admission.limits import Bucket, Charge
-from fleet_core.gateway.admission.store import _merged
+from fleet_core.gateway.admission.limits import Bucket, Charge, merged_charges
 from fleet_core.shared.errors import ReservationTooLarge
 
 ALICE = Principal("acme", "research", "k_alice")
@@ -65,13 +64,13 @@ def _reference(charges: list[Charge]) -> dict[str, int]:
 @given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(-100, 100)), max_size=8))
 def test_merged_charges_sum_per_bucket_in_first_seen_order(pairs: list[tuple[str, int]]) -> None:
     charges = [Charge(Bucket(f"{{t}}:{name}", "tenant", "tpm", 1000), n) for name, n in pairs]
-    merged = _merged(charges)
+    merged = merged_charges(charges)
     assert {c.bucket.key: c.amount for c in merged} == _reference(charges)
     assert [c.bucket.key for c in merged] == list(_reference(charges))
 
 
 def test_the_directorys_tuple_a_list_and_a_new_snapshots_equal_rules_share_one_rule_set() -> None:
-    """Session 11: a set of rules is found by the identity of the directory's tuple; any other
+    """A set of rules is found by the identity of the directory's tuple; any other
     sequence of the same rules (a list, a new snapshot's tuple) reaches the same allowances."""
     book = BudgetBook()
     book.refreshed({TENANT.id: 0, RESEARCH.id: 0}, started_at=0.0)

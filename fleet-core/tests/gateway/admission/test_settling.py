@@ -15,13 +15,14 @@ from dataclasses import dataclass
 import pytest
 from redis.asyncio import Redis
 
-from fleet_core.gateway.admission import service
+from fleet_core.gateway.admission import settling
+from fleet_core.gateway.admission.batching_store import BatchingStore
 from fleet_core.gateway.admission.budget_book import Amounts
 from fleet_core.gateway.admission.directory import StaticDirectory
 from fleet_core.gateway.admission.key_ring import ANONYMOUS
 from fleet_core.gateway.admission.rate_policy import Limits, RatePolicy
 from fleet_core.gateway.admission.service import DRAIN_S, Admission
-from fleet_core.gateway.admission.store import BatchingStore, open_redis_store
+from fleet_core.gateway.admission.store import open_redis_store
 from fleet_core.shared import stopping
 from fleet_testing import servers
 from fleet_testing.fix_proxy import ProxyFactory, TcpProxy
@@ -134,7 +135,7 @@ async def _cut_settlement(slow: Slow, used: int, request_id: str) -> None:
 
 
 async def test_a_settlement_that_met_a_dead_redis_lands_once_it_is_back(slow: Slow) -> None:
-    """Issue 13: the failed batch is kept and sent again (same id) until Redis answers."""
+    """The failed batch is kept and sent again (same id) until Redis answers."""
     slow.proxy.latency_s = 0
     started = time.monotonic()
     await _cut_settlement(slow, used=500, request_id="r")
@@ -163,7 +164,7 @@ async def test_drain_gives_up_on_a_dead_redis_within_its_bound(slow: Slow) -> No
 async def test_over_the_cap_the_oldest_failed_batch_is_dropped_and_counted(
     slow: Slow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service, "UNSETTLED_CAP", 1)
+    monkeypatch.setattr(settling, "UNSETTLED_CAP", 1)
     slow.proxy.latency_s = 0
     second = await slow.admission.admit(ANONYMOUS, Amounts(tokens_output=1000))
     await _cut_settlement(slow, used=500, request_id="r1")  # refund 2,500: dropped below

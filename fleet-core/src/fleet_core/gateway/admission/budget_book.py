@@ -23,17 +23,13 @@ the slack (a store write only when the request used more than the slack can cove
 rollups show a settled request — a refresh that started at least ``grace_s`` after the ledger
 committed it, so every other gateway's refresh has seen it too — its use leaves the entry; each
 refresh also gives back the slack recent use no longer needs. Every change to an entry is a
-signed delta the store applies exactly once (ADR 0004, session 10). Each entry expires ``ttl_s``
-after it was last written; the gateway touches its own while it lives, so only a crashed
-gateway's allowance expires (after at most ``ttl_s``).
+signed delta the store applies exactly once (ADR 0004). Each entry expires ``ttl_s`` after it
+was last written; the gateway touches its own while it lives, so only a crashed gateway's
+allowance expires (after at most ``ttl_s``).
 
-A request admitted while no rule applied to it (a rule created a moment ago, not yet in this
-gateway's catalog) reserves nothing, so its usage is invisible to a new rule until the rollups
-show it. The book therefore also keeps what such **unheld** requests used, from their settlement
-until the rollups show them (the same rule as for settled requests), and adds it to ``used`` for
-any rule of their tenant or project. Most requests of a deployment meet no rule, so each costs one
-entry (and one per ledger batch once committed); a scope's sum is made from the entries when a
-rule first asks about it, and kept from then on.
+The allowances themselves, and the sets of rules requests meet, worked out once, are in
+`allowances`; what requests admitted under no rule used, added to ``used`` for the rules of
+their tenant or project until the rollups show it, is in `unheld`.
 
 Everything is integer arithmetic. ADR 0004 says what is still approximate.
 """
@@ -43,37 +39,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import operator
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
+from fleet_core.gateway.admission.allowances import Allowance, RuleSet, RuleSets
 from fleet_core.gateway.admission.directory import BudgetDimension, BudgetRule
 from fleet_core.gateway.admission.limits import Hold, HoldUpdate
-from fleet_core.shared.errors import RateLimited, ReservationTooLarge
+from fleet_core.gateway.admission.unheld import UnheldUsage
+from fleet_core.shared.errors import ReservationTooLarge
 
 __all__ = [
     "Amounts",
     "BudgetBook",
-    "BudgetExceeded",
     "BudgetHold",
-    "book_key",
-    "free_after",
 ]
 
 RECENT_LIMIT = 200_000
 """Settled requests tracked until the rollups show them; beyond this the oldest is treated as
 committed now (its use leaves the entry a grace later, as if the rollups showed it)."""
-
-KEY_CACHE_SIZE = 10_000
-"""Sets of rules whose allowances are looked up once; beyond this the cache starts again."""
-
-ALLOWANCES_KEPT = 10_000
-"""Rules with an allowance kept here; beyond this the idle ones (holding nothing) are forgotten."""
 
 SLACK_S = 0.5
 """The slack a growth asks for, and a refresh leaves: what the rule's requests here admitted in
@@ -106,7 +93,8 @@ class Amounts(msgspec.Struct, frozen=True):
         return self.units
 
     def vector(self) -> tuple[int, ...]:
-        """Every dimension's figure, in `DIMENSIONS` order (`picker` reads a set of rules')."""
+        """Every dimension's figure, in `allowances.DIMENSIONS` order (`allowances.picker` reads
+        a set of rules')."""
         return (
             self.tokens_input + self.tokens_output,
             self.tokens_input,
@@ -135,88 +123,6 @@ class Amounts(msgspec.Struct, frozen=True):
 
 NOTHING = Amounts()
 
-DIMENSIONS: tuple[BudgetDimension, ...] = (
-    "tokens_total",
-    "tokens_input",
-    "tokens_output",
-    "tokens_cached",
-    "tokens_fresh",
-    "units",
-)
-"""The order of `Amounts.vector`."""
-
-Picker = Callable[[tuple[int, ...]], tuple[int, ...]]
-
-
-def picker(rules: Sequence[BudgetRule]) -> Picker:
-    """A function from `Amounts.vector` to each rule's figure, in ``rules`` order: made once
-    per set of rules, it reads a request's amounts in C (``itemgetter``) rather than by a call
-    per rule (about 0.6 µs per request less, twice: admission and settlement)."""
-    at = [DIMENSIONS.index(rule.dimension) for rule in rules]
-    if len(at) == 1:
-        only = at[0]
-        return lambda vector: (vector[only],)
-    if not at:
-        return lambda vector: ()
-    return operator.itemgetter(*at)
-
-
-@dataclass(slots=True)
-class _Allowance:
-    """This gateway's entry in one rule's book, as it means it to be. The store holds
-    ``allowance`` once every delta sent has landed; ``slack`` is what may be admitted here
-    without asking. A plain class with slots, not a msgspec struct: every request writes its
-    fields several times, and a struct's own ``__setattr__`` keeps the interpreter from
-    specializing those writes (about 500 instructions each instead of a few dozen)."""
-
-    key: str
-    """The rule's book in the store."""
-    allowance: int = 0
-    asking: int = 0
-    """Growths asked for and not answered yet: counted in ``allowance`` as if granted, not in
-    what the store is told the entry is (`confirmed`)."""
-    in_flight: int = 0
-    """Reserved by requests admitted and not yet settled."""
-    unrolled: int = 0
-    """Used by settled requests the rollups may not show yet."""
-    withheld: int = 0
-    """Slack not to be admitted from: granted under a limit since lowered; given back at the
-    next refresh."""
-    limit: int = 0
-    """The rule's limit as this gateway last met it."""
-    admitted: int = 0
-    """Demand admitted since the last refresh (sizes the slack)."""
-    recent: int = 0
-    """Demand admitted per `SLACK_S`, as the last refresh measured it."""
-    written_at: float = 0.0
-    """When the store was last given this entry (monotonic clock)."""
-
-    @property
-    def slack(self) -> int:
-        return self.allowance - self.in_flight - self.unrolled - self.withheld
-
-    @property
-    def confirmed(self) -> int:
-        """The entry as the store has it once every answered change has landed: what an entry
-        the store lost is made again at. Growths still on their way are left out, or each would
-        count twice: in the entry made again, and again when it lands."""
-        return self.allowance - self.asking
-
-
-class _RuleSet(msgspec.Struct, gc=False):
-    """A set of rules requests meet together (a principal's, in one catalog snapshot), worked
-    out once: their allowances here, the `picker` that reads each rule's part of a request,
-    their smallest limit, and the refresh that last covered them all. Untracked by the
-    collector: it refers to nothing that refers back to it."""
-
-    rules: tuple[BudgetRule, ...]
-    allowances: tuple[_Allowance, ...]
-    pick: Picker
-    smallest: int
-    """The smallest of the rules' limits."""
-    known: int = -1
-    """The `BudgetBook` refresh generation in which every rule had figures (-1: not yet)."""
-
 
 class BudgetHold(msgspec.Struct, frozen=True, gc=False):
     """A request's reservation against its rules: its amount per rule, counted in this
@@ -224,7 +130,7 @@ class BudgetHold(msgspec.Struct, frozen=True, gc=False):
     grants the store fills in. Untracked by the garbage collector (``gc=False``: it can take part
     in no cycle)."""
 
-    set: _RuleSet
+    set: RuleSet
     demand: Amounts
     amounts: tuple[int, ...]
     asks: tuple[Hold, ...] = ()
@@ -234,47 +140,8 @@ class BudgetHold(msgspec.Struct, frozen=True, gc=False):
         return self.set.rules
 
     @property
-    def allowances(self) -> tuple[_Allowance, ...]:
+    def allowances(self) -> tuple[Allowance, ...]:
         return self.set.allowances
-
-
-class BudgetExceeded(RateLimited):
-    default_code = "budget_exceeded"
-
-
-_Unheld = tuple[str, str, "Amounts"]
-"""An unheld request's tenant, project and what it used."""
-
-
-def book_key(rule: BudgetRule, *, prefix: str = "") -> str:
-    """Where a rule's book (every gateway's entry) lives in the store: under its tenant's hash
-    tag, like its buckets."""
-    tenant = rule.scope_id.partition("/")[0]
-    return f"{prefix}fleet:budget:{{{tenant}}}:{rule.id}"
-
-
-def free_after(
-    minutes: Sequence[tuple[float, int]],
-    *,
-    over_by: int,
-    window_s: int,
-    now: float,
-    unrolled: int = 0,
-) -> float | None:
-    """Seconds until enough of the window's minutes have slid out to shed ``over_by``.
-
-    ``minutes`` are (minute start, amount) in time order; ``unrolled`` is usage settled here that
-    the rollups may not show yet, which will land in the current minute. A minute leaves the
-    window once its end is ``window_s`` old. None when that cannot shed enough (the excess is
-    held by requests in flight): the caller retries shortly.
-    """
-    shed = 0
-    current = now - now % 60
-    for start, amount in [*minutes, (current, unrolled)]:
-        shed += amount
-        if shed >= over_by:
-            return max(0.0, start + 60.0 + window_s - now)
-    return None
 
 
 class BudgetBook:
@@ -292,20 +159,21 @@ class BudgetBook:
     def __init__(
         self, *, prefix: str = "", ttl_s: float = 60.0, grace_s: float = 2.0, ledger: bool = False
     ) -> None:
-        self._prefix = prefix
         self._nonce = secrets.token_hex(8)
         self.owner = f"g{self._nonce}"
         """This gateway's entry in every book: 64 random bits per process."""
         self._serial = itertools.count()
         """Grant ids (a growth's, to undo it exactly once if its outcome is unknown)."""
         self._ttl_ms = max(1, round(ttl_s * 1000))
-        self._allowances: dict[str, _Allowance] = {}
-        """Book key -> this gateway's allowance in it."""
-        self._sets: dict[tuple[BudgetRule, ...], _RuleSet] = {}
-        """Each set of rules a request met, worked out once."""
-        self._same: dict[int, tuple[tuple[BudgetRule, ...], _RuleSet]] = {}
-        """The same, by the identity of the tuple the directory hands out for a principal (it
-        keeps the tuple alive, so the id is not reused): no hashing of rules per request."""
+        self._rule_sets = RuleSets(prefix=prefix)
+        """This gateway's allowance in each rule's book, and each set of rules met."""
+        # The rule sets' and the unheld requests' own methods, bound once: every request finds
+        # its set, and most pass `settle_unheld`; a method here that only passed the call on
+        # would cost a frame each time.
+        self._rule_set = self._rule_sets.find
+        self._unheld = UnheldUsage(counting=ledger, nothing=NOTHING)
+        self.settle_unheld = self._unheld.settle
+        """Count what a request admitted under no rule used, until the rollups show it."""
         self._generation = 0
         """Refreshes so far: a rule set known in this generation needs no check of its ids."""
         self._grace_s = grace_s
@@ -314,27 +182,12 @@ class BudgetBook:
         """Whether the rollup figures were read at least once (before that, refuse)."""
         self._flying = 0
         """Reservations admitted (or asking) and not yet settled or released."""
-        self._settled: dict[str, tuple[tuple[_Allowance, ...], tuple[int, ...]]] = {}
+        self._settled: dict[str, tuple[tuple[Allowance, ...], tuple[int, ...]]] = {}
         """Request id (unique: the gateway mints it) -> its allowances and what it used in
         each, for requests settled and not yet committed, oldest first."""
         self._commits: deque[tuple[float, dict[str, int]]] = deque()
         """(commit time, book key -> use) per committed batch, in commit order: a refresh
         takes the oldest ones its cutoff passed out of the entries."""
-        self._ledger = ledger
-        self._unheld: dict[str, _Unheld] = {}
-        """Request id -> tenant, project and what an unheld request used, from its settlement
-        until the ledger commits its record, oldest first."""
-        self._unheld_committed: deque[tuple[float, list[_Unheld]]] = deque()
-        """(commit time, the unheld requests of one ledger batch), in commit order, until a
-        refresh past the grace drops them."""
-        self._unheld_committed_count = 0
-        """The requests in `_unheld_committed`."""
-        self._watched_tenants: dict[str, Amounts] = {}
-        """Tenant -> what its unheld requests tracked here used: only for the scopes a rule was
-        asked about (`_unheld_usage`), summed from the requests when first asked, then kept as
-        requests come and go. Most requests meet no rule: they add nothing to any sum."""
-        self._watched_projects: dict[tuple[str, str], Amounts] = {}
-        """(tenant, project) -> the same, per project."""
         self._touched_at = time.monotonic()
         self._refreshed_at: float | None = None
         self.wanted = asyncio.Event()
@@ -348,55 +201,13 @@ class BudgetBook:
     def usage(self, rule: BudgetRule) -> int:
         """What counts against a rule besides the entries: its rollups (as last read) and what
         unheld requests of its scope used that the rollups may not show yet."""
-        return self._used.get(rule.id, 0) + self._unheld_usage(rule)
-
-    def _unheld_usage(self, rule: BudgetRule) -> int:
-        if not self._unheld and not self._unheld_committed:  # every request here was held
-            return 0
-        if rule.scope_kind == "tenant":
-            found = self._watched_tenants.get(rule.scope_id)
-            if found is None:
-                found = self._watch(rule.scope_id, None)
-        else:
-            tenant, _, project = rule.scope_id.partition("/")
-            found = self._watched_projects.get((tenant, project))
-            if found is None:
-                found = self._watch(tenant, project)
-        return found.get(rule.dimension)
-
-    def _watch(self, tenant: str, project: str | None) -> Amounts:
-        """Start keeping the unheld sum of ``tenant`` (``project`` None) or of one of its
-        projects: summed once from the requests tracked now, kept from then on."""
-        if len(self._watched_tenants) + len(self._watched_projects) >= KEY_CACHE_SIZE:
-            self._watched_tenants.clear()  # (summed again when next asked)
-            self._watched_projects.clear()
-        total = NOTHING
-        batches = (batch for _, batch in self._unheld_committed)
-        for t, p, used in itertools.chain(self._unheld.values(), *batches):
-            if t == tenant and (project is None or p == project):
-                total = total + used
-        if project is None:
-            self._watched_tenants[tenant] = total
-        else:
-            self._watched_projects[(tenant, project)] = total
-        return total
-
-    def _rewatch(self, tenant: str, project: str, used: Amounts, *, out: bool = False) -> None:
-        """Count ``used`` in (``out``: take it out of) the sums of its scopes kept here."""
-        tenants, projects = self._watched_tenants, self._watched_projects
-        found = tenants.get(tenant)
-        if found is not None:
-            tenants[tenant] = found - used if out else found + used
-        pair = (tenant, project)
-        found = projects.get(pair)
-        if found is not None:
-            projects[pair] = found - used if out else found + used
+        return self._used.get(rule.id, 0) + self._unheld.usage(rule)
 
     def knows(self, rules: Sequence[BudgetRule]) -> bool:
         """Whether the last refresh covered every one of ``rules`` (a new rule: not yet)."""
         return self._knows(self._rule_set(rules))
 
-    def _knows(self, found: _RuleSet) -> bool:
+    def _knows(self, found: RuleSet) -> bool:
         if found.known != self._generation:
             if not all(rule.id in self._used for rule in found.rules):
                 return False
@@ -414,8 +225,8 @@ class BudgetBook:
 
     def unrolled(self, rule: BudgetRule) -> int:
         """Usage settled here that the rollups may not show yet (held or not)."""
-        found = self._allowances.get(book_key(rule, prefix=self._prefix))
-        return self._unheld_usage(rule) + (found.unrolled if found is not None else 0)
+        found = self._rule_sets.allowance(rule)
+        return self._unheld.usage(rule) + (found.unrolled if found is not None else 0)
 
     def own(self) -> int:
         """How many requests this gateway tracks (in flight, or settled and not committed)."""
@@ -423,7 +234,7 @@ class BudgetBook:
 
     def allowance(self, rule: BudgetRule) -> tuple[int, int, int]:
         """This gateway's (allowance, in flight, unrolled) in ``rule``'s book (for checks)."""
-        found = self._allowances.get(book_key(rule, prefix=self._prefix))
+        found = self._rule_sets.allowance(rule)
         return (0, 0, 0) if found is None else (found.allowance, found.in_flight, found.unrolled)
 
     def admit(
@@ -442,7 +253,7 @@ class BudgetBook:
         """400 for a demand above a rule's whole limit: it could never be admitted."""
         self._check(self._rule_set(rules), demand)
 
-    def _check(self, found: _RuleSet, demand: Amounts) -> None:
+    def _check(self, found: RuleSet, demand: Amounts) -> None:
         # A demand's figures are counts (cached within input), so every dimension's is at most
         # tokens_total or units: both under the smallest limit, no rule can refuse (the usual
         # case, with no work per rule).
@@ -463,7 +274,7 @@ class BudgetBook:
         from now on; a reservation that does not complete must be given back (`release`)."""
         return self._hold(self._rule_set(rules), demand)
 
-    def _hold(self, found: _RuleSet, demand: Amounts) -> tuple[BudgetHold, list[Hold]]:
+    def _hold(self, found: RuleSet, demand: Amounts) -> tuple[BudgetHold, list[Hold]]:
         allowances = found.allowances
         amounts = found.pick(demand.vector())
         self._flying += 1
@@ -492,14 +303,14 @@ class BudgetBook:
         return self._ask(found, demand, amounts)
 
     def _ask(
-        self, found: _RuleSet, demand: Amounts, amounts: tuple[int, ...]
+        self, found: RuleSet, demand: Amounts, amounts: tuple[int, ...]
     ) -> tuple[BudgetHold, list[Hold]]:
         grant = f"{self._nonce}{next(self._serial):x}"
         asks: list[Hold] = []
         for rule, allowance, amount in zip(found.rules, found.allowances, amounts, strict=True):
             need = max(0, amount - max(0, allowance.slack))
             extra = max(SLACK_REQUESTS * amount, allowance.recent)
-            base = self._used.get(rule.id, 0) + self._unheld_usage(rule)
+            base = self._used.get(rule.id, 0) + self._unheld.usage(rule)
             asks.append(
                 Hold(
                     allowance.key,
@@ -576,40 +387,24 @@ class BudgetBook:
             self._commit([settled.pop(next(iter(settled)))], time.monotonic())
         return grown
 
-    def settle_unheld(self, tenant: str, project: str, used: Amounts, *, request_id: str) -> None:
-        """Count what a request admitted under no rule used, until the rollups show it.
-        Written for few operations: most requests pass here (a scope with no rule), and add
-        to a sum only where a rule was asked about its scope."""
-        unheld = self._unheld
-        if not self._ledger or used == NOTHING or request_id in unheld:
-            return
-        unheld[request_id] = (tenant, project, used)
-        if self._watched_tenants or self._watched_projects:
-            self._rewatch(tenant, project, used)
-        if len(unheld) > RECENT_LIMIT:  # the oldest leaves at once, as if rolled up
-            self._uncount_unheld([unheld.pop(next(iter(unheld)))])
-
     def committed(self, request_ids: Iterable[str], *, at: float | None = None) -> None:
         """The ledger committed these records (called by the ledger writer, per batch): their
         use, summed per rule, leaves the entries once a refresh past the grace returns."""
         stamp = time.monotonic() if at is None else at
-        settled, unheld, found, moved = self._settled, self._unheld, [], []
+        settled, found, missed = self._settled, [], []
         for request_id in request_ids:
             entry = settled.pop(request_id, None)
             if entry is not None:
                 found.append(entry)
-            elif unheld:
-                gone = unheld.pop(request_id, None)
-                if gone is not None:
-                    moved.append(gone)
+            else:
+                missed.append(request_id)
         if found:
             self._commit(found, stamp)
-        if moved:  # one entry per batch: a refresh drops it whole, with no work per request
-            self._unheld_committed.append((stamp, moved))
-            self._unheld_committed_count += len(moved)
+        if missed:  # (unheld requests', or records of no request tracked here)
+            self._unheld.committed(missed, stamp)
 
     def _commit(
-        self, entries: list[tuple[tuple[_Allowance, ...], tuple[int, ...]]], stamp: float
+        self, entries: list[tuple[tuple[Allowance, ...], tuple[int, ...]]], stamp: float
     ) -> None:
         sums: dict[str, int] = {}
         for allowances, used in entries:
@@ -631,8 +426,8 @@ class BudgetBook:
         self._learned.set()  # wakes whoever waits in `learn`; the next ones wait on a new one
         self._learned = asyncio.Event()
         cutoff = started_at - self._grace_s
-        self._drop_unheld(cutoff)
-        commits, allowances = self._commits, self._allowances
+        self._unheld.drop(cutoff)
+        commits, allowances = self._commits, self._rule_sets.allowances
         rolled: dict[str, int] = {}
         while commits and commits[0][0] < cutoff:  # commit times only grow (monotonic clock)
             for key, amount in commits.popleft()[1].items():
@@ -654,37 +449,9 @@ class BudgetBook:
             allowance.allowance -= spare
             if out + spare > 0:
                 updates.append(self._update(allowance, -(out + spare)))
-        self._forget_idle()
+        if not self._flying and not self._commits:  # no request holds a rule set
+            self._rule_sets.forget_idle()
         return updates
-
-    def _forget_idle(self) -> None:
-        if len(self._allowances) <= ALLOWANCES_KEPT or self._flying or self._commits:
-            return
-        self._allowances = {
-            key: a for key, a in self._allowances.items() if a.allowance or a.in_flight
-        }
-        self._sets.clear()
-        self._same.clear()
-
-    def _drop_unheld(self, cutoff: float) -> None:
-        committed = self._unheld_committed
-        while committed and committed[0][0] < cutoff:  # commit times only grow
-            self._uncount_unheld(committed.popleft()[1], committed=True)
-        while self._unheld_committed_count > RECENT_LIMIT:  # (refreshes failing meanwhile)
-            stamp, batch = committed.popleft()  # the oldest leave, as if rolled up
-            excess = self._unheld_committed_count - RECENT_LIMIT
-            if len(batch) > excess:
-                committed.appendleft((stamp, batch[excess:]))
-                batch = batch[:excess]
-            self._uncount_unheld(batch, committed=True)
-
-    def _uncount_unheld(self, gone: list[_Unheld], *, committed: bool = False) -> None:
-        """Unheld requests leave: their use out of the sums kept for rules' scopes."""
-        if committed:
-            self._unheld_committed_count -= len(gone)
-        if self._watched_tenants or self._watched_projects:
-            for tenant, project, used in gone:
-                self._rewatch(tenant, project, used, out=True)
 
     def touches(self, *, now: float | None = None) -> list[HoldUpdate]:
         """Every ``ttl_s / 4``, the entries holding something and not written for that long,
@@ -698,47 +465,14 @@ class BudgetBook:
         self._touched_at = now
         return [
             self._update(a, 0, now=now)
-            for a in self._allowances.values()
+            for a in self._rule_sets.allowances.values()
             if a.allowance > 0 and now - a.written_at >= quarter
         ]
 
     def _update(
-        self, allowance: _Allowance, delta: int, *, grant: str = "", now: float | None = None
+        self, allowance: Allowance, delta: int, *, grant: str = "", now: float | None = None
     ) -> HoldUpdate:
         allowance.written_at = time.monotonic() if now is None else now
         return HoldUpdate(
             allowance.key, self.owner, delta, allowance.confirmed, self._ttl_ms, grant=grant
         )
-
-    def _rule_set(self, rules: Sequence[BudgetRule]) -> _RuleSet:
-        """``rules`` worked out once: found by the identity of the directory's tuple on every
-        request after the first, by value for any other sequence of the same rules."""
-        same = self._same.get(id(rules))
-        if same is not None and same[0] is rules:
-            return same[1]
-        as_tuple = tuple(rules)
-        found = self._sets.get(as_tuple) or self._new_rule_set(as_tuple)
-        if as_tuple is rules:
-            if len(self._same) >= KEY_CACHE_SIZE:
-                self._same.clear()
-            self._same[id(rules)] = (as_tuple, found)
-        return found
-
-    def _new_rule_set(self, rules: tuple[BudgetRule, ...]) -> _RuleSet:
-        """A set of rules met for the first time (or in a new catalog)."""
-        if len(self._sets) >= KEY_CACHE_SIZE:
-            self._sets.clear()
-        found = []
-        for rule in rules:
-            key = book_key(rule, prefix=self._prefix)
-            allowance = self._allowances.get(key)
-            if allowance is None:
-                allowance = self._allowances[key] = _Allowance(key, limit=rule.limit)
-            if rule.limit < allowance.limit:  # no more admitting from slack granted before
-                allowance.withheld += max(0, allowance.slack)
-            allowance.limit = rule.limit
-            found.append(allowance)
-        made = self._sets[rules] = _RuleSet(
-            rules, tuple(found), picker(rules), min(rule.limit for rule in rules)
-        )
-        return made

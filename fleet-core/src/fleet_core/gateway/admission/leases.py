@@ -1,12 +1,13 @@
 """Leased token buckets: each gateway process admits most requests from its own slice of a bucket.
 
-With every bucket in Redis, each admission waits for a batched script call (`store.BatchingStore`)
-and each settlement rides in another: little Redis time, but Python on every request (a future,
-its task wake-up, the script's arguments). `LeasedStore` sits in front of that store and leases a
-slice of each bucket it uses: a reservation of the slice through the same admit script, so Redis
-counts it like any request's charge. A request then takes its charges from the slices this
-process holds, all or nothing over its buckets, without awaiting anything; settlement corrections
-(refunds, overruns) go to the slices too. ADR 0016 has the decision, its bounds and figures.
+With every bucket in Redis, each admission waits for a batched script call
+(`batching_store.BatchingStore`) and each settlement rides in another: little Redis time, but
+Python on every request (a future, its task wake-up, the script's arguments). `LeasedStore` sits in
+front of that store and leases a slice of each bucket it uses: a reservation of the slice through
+the same admit script, so Redis counts it like any request's charge. A request then takes its
+charges from the slices this process holds, all or nothing over its buckets, without awaiting
+anything; settlement corrections (refunds, overruns) go to the slices too. ADR 0016 has the
+decision, its bounds and figures.
 
 - Topping up: a slice is topped up in the background once it falls below half of its last size,
   by what this process's requests charged the bucket in the last `AHEAD_S` (at least
@@ -37,6 +38,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from fleet_core.gateway.admission.limits import (
+    ADMITTED,
     Bucket,
     Charge,
     Decision,
@@ -45,7 +47,6 @@ from fleet_core.gateway.admission.limits import (
     LimitStore,
     StoreUnavailable,
 )
-from fleet_core.gateway.admission.store import ADMITTED
 
 __all__ = ["LeasedStore"]
 
@@ -125,7 +126,7 @@ class LeasedStore:
 
     ``reserve`` returns without suspending whenever every charge fits its slice; otherwise it is
     the wrapped store's ``reserve``, unchanged. The wrapped store should be Redis's
-    (`store.BatchingStore`): slices of process-local buckets would only add work.
+    (`batching_store.BatchingStore`): slices of process-local buckets would only add work.
     """
 
     def __init__(self, store: LimitStore, *, clock: Callable[[], float] = time.monotonic) -> None:

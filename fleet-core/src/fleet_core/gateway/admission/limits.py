@@ -25,6 +25,7 @@ from typing import Literal, Protocol
 import msgspec
 
 __all__ = [
+    "ADMITTED",
     "Bucket",
     "Charge",
     "Decision",
@@ -35,6 +36,7 @@ __all__ = [
     "LimitStore",
     "StoreUnavailable",
     "hash_tag",
+    "merged_charges",
 ]
 
 Level = Literal["tenant", "project"]
@@ -116,6 +118,22 @@ class Decision(msgspec.Struct, frozen=True):
     refused_hold: int | None = None
     """When a budget rule refused: the index of its ask; ``excess`` says by how much."""
     excess: int = 0
+
+
+ADMITTED = Decision(True)
+"""Every admission's decision, made once (it is frozen)."""
+
+
+def merged_charges(charges: Sequence[Charge]) -> list[Charge]:
+    """One charge per key, amounts summed, so a bucket named twice is charged once, in full."""
+    if len({charge.bucket.key for charge in charges}) == len(charges):
+        return list(charges)  # the usual case: every key once, nothing to sum
+    by_key: dict[str, Charge] = {}
+    for charge in charges:
+        seen = by_key.get(charge.bucket.key)
+        amount = charge.amount + (seen.amount if seen else 0)
+        by_key[charge.bucket.key] = Charge(seen.bucket if seen else charge.bucket, amount)
+    return list(by_key.values())
 
 
 def hash_tag(key: str) -> str:
