@@ -38,7 +38,6 @@ from bench.gateway_bench import (
     SECONDS,
     Cell,
     added,
-    free_port,
     load,
     median,
     process,
@@ -48,6 +47,7 @@ from bench.gateway_bench import (
 from fleet_core.gateway.admission.limits import Bucket, Charge
 from fleet_core.gateway.admission.store import open_redis_store, script_source
 from fleet_testing import servers
+from fleet_testing.ports import free_port
 
 KEY = "acme/research/bench"
 LIMITS_ON = {

@@ -40,8 +40,9 @@ from types import CodeType, FrameType
 from typing import Any
 
 from bench import database_bench, generator, instructions_bench
-from bench.gateway_bench import ENV, QUIET, free_port
-from bench.waiting import wait_for
+from bench.gateway_bench import ENV, QUIET
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import until_answers
 
 __all__ = ["Counter", "differences", "main"]
 
@@ -116,7 +117,7 @@ def _traced(args: list[str], env: dict[str, str], out: Path) -> Iterator[tuple[s
     command += [a.replace("PORT", str(port)) for a in args]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, env={**ENV, **env})
     try:
-        wait_for(url + "/healthz", proc, within_s=300)
+        until_answers(url + "/healthz", proc, within=300)
         yield url, proc
     finally:
         proc.terminate()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from bench import costs_bench
 from bench.ledger_bench import scratch_database
 from fleet_core.shared import paging
 from fleet_core.shared.storage import migrations
+from fleet_testing.ports import free_port
 
 __all__ = ["report", "run"]
 
@@ -126,14 +126,8 @@ def _seed(url: str, rows: int) -> float:
     return time.perf_counter() - began
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _serve(url: str, token: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "FLEET_DATABASE_URL": url, "FLEET_ADMIN_TOKEN": token}
     env["FLEET_ACCESS_LOG"] = "false"
     process = subprocess.Popen(

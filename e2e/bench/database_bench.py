@@ -55,7 +55,6 @@ from bench.gateway_bench import (
     SECONDS,
     Cell,
     Samples,
-    free_port,
     load,
     load_average,
     median,
@@ -64,10 +63,11 @@ from bench.gateway_bench import (
     spread,
 )
 from bench.ledger_bench import postgres_server, scratch_database
-from bench.waiting import wait_for
 from fleet_core.gateway import main as gateway_main
 from fleet_core.gateway.admission import catalog, leases
 from fleet_core.gateway.settings import DatabaseModeSettings
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import until_answers
 
 __all__ = ["report", "run"]
 
@@ -207,7 +207,7 @@ def _gateway(name: str, key: str | None, config: Path, env: dict[str, str]) -> I
             [*command, str(config)], stdout=subprocess.DEVNULL, stderr=out, env={**ENV, **env}
         )
         try:
-            wait_for(url + "/healthz", proc)
+            until_answers(url + "/healthz", proc, within=120)
             yield Target(name, url, key, proc.pid, log)
         finally:
             proc.terminate()

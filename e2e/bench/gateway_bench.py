@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,8 @@ from typing import TypeVar
 import psutil  # type: ignore[import-untyped]
 
 from bench import generator, litellm_peer, stub
-from bench.waiting import wait_for
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import until_answers
 
 T = TypeVar("T")
 
@@ -65,12 +65,6 @@ LITELLM = f"LiteLLM proxy {litellm_peer.VERSION}"
 QUIET = {"FLEET_ACCESS_LOG": "false"}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def process(
     args: list[str], health: str, env: dict[str, str] | None = None
@@ -79,7 +73,7 @@ def process(
         args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**ENV, **(env or {})}
     )
     try:
-        wait_for(health, proc)
+        until_answers(health, proc, within=120)
         yield proc
     finally:
         proc.terminate()

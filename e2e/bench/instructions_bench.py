@@ -57,9 +57,10 @@ import redis
 
 from bench import database_bench, generator, stub
 from bench.admission_bench import redis_url
-from bench.gateway_bench import ENV, QUIET, free_port, load_average, process
+from bench.gateway_bench import ENV, QUIET, load_average, process
 from bench.ledger_bench import scratch_database
-from bench.waiting import wait_for
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import until_answers
 
 __all__ = ["report", "run"]
 
@@ -127,7 +128,7 @@ def _under_callgrind(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**ENV, **env}
     )
     try:
-        wait_for(url + "/healthz", proc, within_s=300)
+        until_answers(url + "/healthz", proc, within=300)
         yield Counted(name, url, key, proc.pid, out)
     finally:
         proc.terminate()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from aiohttp import web
 
 import fleet_contract
 from fleet_serving.view import ClusterView
+from fleet_testing.ports import free_port
 
 __all__ = ["report", "run"]
 
@@ -103,12 +103,6 @@ def snapshot() -> dict[str, float]:
     return {"snapshot_ms": statistics.median(times) * 1000, "snapshot_bytes": float(size)}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def _latency(workdir: Path) -> dict[str, float]:
     seen: asyncio.Queue[tuple[float, int]] = asyncio.Queue()
 
@@ -122,7 +116,7 @@ async def _latency(workdir: Path) -> dict[str, float]:
     app.router.add_put("/api/v1/inventory", put)
     runner = web.AppRunner(app)
     await runner.setup()
-    sink_port, live_port = _free_port(), _free_port()
+    sink_port, live_port = free_port(), free_port()
     await web.TCPSite(runner, "127.0.0.1", sink_port).start()
     async with kmock.KubernetesEmulator() as k, kmock.Server(k) as server:
         for key, (kind, namespaced) in _RESOURCES.items():

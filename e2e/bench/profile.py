@@ -22,7 +22,8 @@ from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]
 
-from bench.gateway_bench import ENV, free_port, load, process
+from bench.gateway_bench import ENV, load, process
+from fleet_testing.ports import free_port
 
 GROUPS = (
     ("fleet_core", "fleet_core/"),

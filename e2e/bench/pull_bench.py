@@ -18,7 +18,6 @@ import io
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,8 @@ from bench.ledger_bench import scratch_database
 from fleet_core.control_plane.registry.s3 import S3Settings
 from fleet_core.devtools.hub.repos import generated_repo
 from fleet_testing.fix_s3 import S3Server, running_seaweedfs
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import until_answers
 
 __all__ = ["report", "run"]
 
@@ -44,31 +45,12 @@ SETTINGS = S3Settings(endpoint="", use_ssl=False)  # the registry's part size an
 BIN = Path(sys.executable).parent
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _wait_http(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            httpx.get(url, timeout=1)
-            return
-        time.sleep(0.05)  # waiting for another process to listen: nothing to await
-    raise RuntimeError(f"nothing answered on {url}")
-
-
 @contextlib.contextmanager
 def _process(argv: list[str], env: dict[str, str], ready_url: str) -> Iterator[int]:
     quiet = subprocess.DEVNULL
     process = subprocess.Popen(argv, env=env, stdin=quiet, stdout=quiet, stderr=quiet)
     try:
-        _wait_http(ready_url, process)
+        until_answers(ready_url, process)
         yield process.pid
     finally:
         process.terminate()
@@ -167,7 +149,7 @@ def run(size: int = SIZE) -> dict[str, float]:
     plains: list[float] = []
     growth: list[float] = []
     bucket = f"fleet-bench-{secrets.token_hex(4)}"
-    hub_port, api_port = _port(), _port()
+    hub_port, api_port = free_port(), free_port()
     hub = f"http://127.0.0.1:{hub_port}"
     api_url = f"http://127.0.0.1:{api_port}"
     hub_argv = [

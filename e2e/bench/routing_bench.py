@@ -30,7 +30,8 @@ from typing import Any
 import aiohttp
 
 from bench import shipped
-from bench.gateway_bench import free_port, median, process
+from bench.gateway_bench import median, process
+from fleet_testing.ports import free_port
 
 __all__ = ["report", "run"]
 

@@ -32,7 +32,8 @@ import psutil  # type: ignore[import-untyped]
 import uvloop
 
 from bench import generator, shipped, stub
-from bench.gateway_bench import ENV, free_port, load_average, process
+from bench.gateway_bench import ENV, load_average, process
+from fleet_testing.ports import free_port
 
 __all__ = ["report", "run"]
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from bench import generator, gobuild
-from bench.waiting import wait_for
+from fleet_testing.waiting import until_answers
 
 __all__ = ["PREAMBLE", "command", "describe"]
 
@@ -91,7 +91,7 @@ def compare(cells: tuple[str, ...], rounds: int, seconds: float) -> dict[str, di
         for name, program in programs.items():
             proc = subprocess.Popen(program, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
-                wait_for(url + "/health", proc, within_s=60)
+                until_answers(url + "/health", proc, within=60)
                 generator.run(url, "plain c=32", None, 1.0)  # warm-up
                 for cell in cells:
                     before = _cpu_seconds(proc.pid)

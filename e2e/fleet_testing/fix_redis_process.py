@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from fleet_testing import servers
+from fleet_testing.ports import free_port
 
 __all__ = ["RedisProcess", "own_redis"]
 
@@ -31,7 +32,7 @@ class RedisProcess:
 
     def __init__(self, binary: Path, workdir: Path) -> None:
         self.binary, self.workdir = binary, workdir
-        self.address = servers.Address("127.0.0.1", _free_port())
+        self.address = servers.Address("127.0.0.1", free_port())
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -89,13 +90,6 @@ def _redis_binary() -> Path | None:
             return binary
     found = shutil.which("redis-server")
     return Path(found) if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _listening(address: servers.Address) -> bool:

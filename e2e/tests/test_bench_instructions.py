@@ -12,7 +12,8 @@ import pytest
 
 from bench import instructions_bench as bench
 from bench import stub
-from bench.gateway_bench import free_port, process
+from bench.gateway_bench import process
+from fleet_testing.ports import free_port
 
 
 def test_a_dump_is_read_by_its_totals_line_not_its_summary(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -22,6 +21,7 @@ import httpx
 import pytest
 
 from bench import generator, gobuild, stub
+from fleet_testing.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -31,17 +31,11 @@ KEY = "loadgen-test-engine-key"
 DELAY_MS = 20
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _stub(env: dict[str, str]) -> Iterator[str]:
     binary = gobuild.binary(stub.SOURCE)
     assert not isinstance(binary, str), f"no Go stub: {binary}"
-    port = _port()
+    port = free_port()
     process = subprocess.Popen(
         [str(binary), str(port), MODEL],
         env={**os.environ, **env},
@@ -128,6 +122,6 @@ def test_a_server_closing_every_connection_is_dialled_again_without_errors(
 
 
 def test_a_refused_connection_is_an_error_not_a_crash() -> None:
-    figures = generator.run(f"http://127.0.0.1:{_port()}", "plain c=1", None, 0.3)
+    figures = generator.run(f"http://127.0.0.1:{free_port()}", "plain c=1", None, 0.3)
     assert figures["requests"] == 0
     assert figures["errors"] > 0

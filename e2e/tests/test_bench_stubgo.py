@@ -26,7 +26,9 @@ import openai
 import pytest
 
 from bench import generator, gobuild, stub
-from fleet_testing.gateway_process import fleet_gateway
+from fleet_testing import processes
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import until_answers
 
 pytestmark = pytest.mark.e2e
 
@@ -34,26 +36,6 @@ MODEL = "bench"
 ENGINE_KEY = "stubgo-engine-key-for-tests"
 REPLY = "Hello from the Fleet stub engine: this is a canned reply."
 WORDS = len(REPLY.split())
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _until(url: str, process: subprocess.Popen[bytes], *, ok: str | None = None) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"{process.args!r} exited"
-        try:
-            answer = httpx.get(url, timeout=2)
-            if answer.status_code == 200 and (ok is None or ok in answer.text.lower()):
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} never answered as expected")
 
 
 def _binary() -> Path:
@@ -64,7 +46,7 @@ def _binary() -> Path:
 
 @contextlib.contextmanager
 def _stub(env: dict[str, str]) -> Iterator[str]:
-    port = _port()
+    port = free_port()
     process = subprocess.Popen(
         [str(_binary()), str(port), MODEL],
         env={**os.environ, **env},
@@ -73,7 +55,7 @@ def _stub(env: dict[str, str]) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _until(url + "/health", process)
+        until_answers(url + "/health", process, within=30, what="the Go stub")
         yield url
     finally:
         process.terminate()
@@ -102,9 +84,9 @@ def gateway(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
         f"upstreams:\n  - id: bench\n    model: {MODEL}\n    engine: vllm\n"
         f"    base_url: {engine}\n    api_key: {ENGINE_KEY}\n"
     )
-    with fleet_gateway(config) as (url, process):
-        _until(url + "/health", process, ok="true")  # the gateway's health round passed
-        yield url
+    with processes.processes(config.parent) as procs:
+        # ready: the gateway's first health round found the engine healthy
+        yield processes.gateway(procs, {}, ["--config", str(config)], ready="/readyz")
 
 
 @pytest.fixture
@@ -252,7 +234,7 @@ def _running(url: str) -> int:
 @pytest.mark.parametrize("value", ["soon", "-1"])
 def test_a_bad_token_delay_refuses_to_start_with_one_line(value: str) -> None:
     done = subprocess.run(
-        [str(_binary()), str(_port()), MODEL],
+        [str(_binary()), str(free_port()), MODEL],
         env={**os.environ, "FLEET_STUB_TOKEN_DELAY_MS": value},
         capture_output=True,
         text=True,

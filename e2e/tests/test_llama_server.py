@@ -9,16 +9,13 @@ engine (minutes); with the cache warm the whole module takes well under a minute
 from __future__ import annotations
 
 import re
-import subprocess
-import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
-from fleet_testing import engines, generation
-from fleet_testing.gateway_process import fleet_gateway
+from fleet_testing import engines, generation, processes
 
 pytestmark = pytest.mark.e2e
 
@@ -49,24 +46,9 @@ def gateway(engine: engines.LlamaServer, tmp_path_factory: pytest.TempPathFactor
         f"  - id: gemma\n    model: {MODEL}\n    engine: llamacpp\n"
         f"    base_url: {engine.url}\n    api_key: {ENGINE_KEY}\n"
     )
-    with fleet_gateway(config) as (url, process):
-        _until_routable(url, process)
-        yield url
-
-
-def _until_routable(url: str, process: subprocess.Popen[bytes]) -> None:
-    """Up, and the upstream checked healthy (the gateway's first health round)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "fleet-gateway exited"
-        try:
-            health = httpx.get(f"{url}/health", timeout=2)
-            if health.status_code == 200 and "true" in health.text.lower():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"gateway never saw the engine healthy: {health.text}")
+    with processes.processes(config.parent) as procs:
+        # ready: the gateway's first health round found the engine healthy
+        yield processes.gateway(procs, {}, ["--config", str(config)], ready="/readyz")
 
 
 @pytest.fixture

@@ -10,9 +10,6 @@ kmock and against a real API server (``cluster``).
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +17,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fleet_testing import processes
+
 from .cluster import Cluster
-from .conftest import FM, NODES, StartOperator, cpu_node, fleetmodel, free_port, issue_credential
+from .conftest import FM, NODES, StartOperator, cpu_node, fleetmodel, issue_credential
 from .conftest import gpu_node as a_gpu_node
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,31 +28,10 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 async def control_plane(tmp_path: Path, admin_token: str) -> AsyncIterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "apiserver.log").open("wb")
-    argv = [sys.executable, "-m", "fleet_core.control_plane", "--listen", f"127.0.0.1:{port}"]
-    # No database: the apiserver keeps inventory in memory (whatever FLEET_* this shell has).
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env["FLEET_ADMIN_TOKEN"] = admin_token
-    process = await asyncio.create_subprocess_exec(
-        *argv, stdout=log, stderr=subprocess.STDOUT, env=env
-    )
-    try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(400):
-                assert process.returncode is None, (tmp_path / "apiserver.log").read_text()
-                try:
-                    async with session.get(f"{url}/healthz") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.05)
-        yield url
-    finally:
-        process.terminate()
-        await asyncio.wait_for(process.wait(), timeout=10)
-        log.close()
+    """A control plane process without a database: it keeps inventory in memory."""
+    with processes.processes(tmp_path) as procs:
+        env = {"FLEET_ADMIN_TOKEN": admin_token}
+        yield await asyncio.to_thread(processes.control_plane, procs, env)
 
 
 async def operator_credential(control_plane: str, admin_token: str, cluster: str) -> str:

@@ -18,9 +18,10 @@ import pytest
 from kmock import action
 
 from fleet_contract import InventoryReport
+from fleet_testing.waiting import eventually
 
 from .cluster import RealCluster
-from .conftest import FM, NODES, Api, Sink, StartOperator, eventually, fleetmodel, gpu_node
+from .conftest import FM, NODES, Api, Sink, StartOperator, fleetmodel, gpu_node
 from .kube_emulator import FleetKubernetes
 
 pytestmark = pytest.mark.timeout(60)
@@ -75,11 +76,11 @@ async def test_only_the_watched_namespace_is_reconciled_and_reported(
     unwatched = await api.create(FM, fleetmodel("qwen"))
     await api.create(WATCHED_FM, in_namespace(fleetmodel("qwen"), WATCHED))
 
-    deployment = await eventually(lambda: live(kube, "deployments", WATCHED, "qwen"))
+    deployment = await eventually(lambda: live(kube, "deployments", WATCHED, "qwen"), within=20)
     assert deployment["metadata"]["namespace"] == WATCHED
-    status = await eventually(lambda: status_of(kube, WATCHED, "qwen"))
+    status = await eventually(lambda: status_of(kube, WATCHED, "qwen"), within=20)
     assert status["phase"] == "Pending"
-    report = await eventually(lambda: with_deployments(state))
+    report = await eventually(lambda: with_deployments(state), within=20)
 
     # The operator has demonstrably been running; the other namespace's model was left alone.
     assert live(kube, "deployments", "default", "qwen") is None
@@ -120,11 +121,11 @@ async def test_on_a_real_api_server_only_the_watched_namespace_is_reconciled(
     )
     await real_cluster.create(FM, fleetmodel("qwen"))
 
-    deployment = await eventually(lambda: real_cluster.live("deployments", "qwen"))
+    deployment = await eventually(lambda: real_cluster.live("deployments", "qwen"), within=20)
     assert deployment["metadata"]["namespace"] == watched
-    status = await eventually(lambda: real_cluster.phase_of("qwen", "Pending"))
+    status = await eventually(lambda: real_cluster.phase_of("qwen", "Pending"), within=20)
     assert status["phase"] == "Pending"
-    report = await eventually(lambda: with_deployments(state))
+    report = await eventually(lambda: with_deployments(state), within=20)
 
     assert real_cluster.live("deployments", "qwen", other_namespace) is None
     assert real_cluster.live("services", "qwen", other_namespace) is None

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from fleet_core.devtools.stub_engine import StubSettings, running_stub
-
-from .test_config_and_cli import free_port, wait_until_up
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import until_answers
 
 KEY = "acme/research/team-a"
 
@@ -43,7 +43,7 @@ def gateway_process(config: Path, env: dict[str, str]) -> Iterator[str]:
         text=True,
     )
     try:
-        wait_until_up(url, proc)
+        until_answers(url + "/healthz", proc, what="fleet-gateway")
         yield url
     finally:
         proc.terminate()

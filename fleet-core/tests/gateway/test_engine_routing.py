@@ -23,9 +23,9 @@ from fleet_core.gateway.exchange.routing.signals import EngineSignals
 from fleet_core.gateway.exchange.routing.table import build_table
 from fleet_core.gateway.settings import admission_from_env
 from fleet_core.shared.errors import RateLimited
+from fleet_testing.waiting import eventually
 
 from .conftest import GatewayFactory, StubFactory
-from .test_failover import eventually
 
 KEYS = {"FLEET_AUTH_REQUIRED": "true", "FLEET_API_KEYS": "A/p/ka;B/p/kb"}
 FAST_HEALTH = {"interval_s": 0.1, "timeout_s": 1.0}
@@ -212,7 +212,7 @@ async def test_fair_queue_b_waits_for_a_few_of_as_hundred(
 
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as http:
         a = [asyncio.create_task(send(http, "A", 1000)) for _ in range(100)]
-        await eventually(lambda: _queued(gw) >= 90)
+        await eventually(lambda: _queued(gw) >= 90, within=10)
         await asyncio.gather(*(send(http, "B", 1000) for _ in range(5)))
         a_before_last_b = done.count("A")
         await asyncio.gather(*a)
@@ -246,9 +246,9 @@ async def test_priority_weights_the_share(
 
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as http:
         tasks = [asyncio.create_task(send(http, "A")) for _ in range(40)]
-        await eventually(lambda: _queued(gw) >= 35)
+        await eventually(lambda: _queued(gw) >= 35, within=10)
         tasks += [asyncio.create_task(send(http, "B")) for _ in range(40)]
-        await eventually(lambda: _queued(gw) >= 70)
+        await eventually(lambda: _queued(gw) >= 70, within=10)
         mark = len(done)  # from here both tenants wait
         await asyncio.gather(*tasks)
     window = done[mark : mark + 25]

@@ -23,10 +23,10 @@ import psycopg
 import pytest
 
 from fleet_core.devtools.stub_engine import StubSettings, running_stub
+from fleet_testing.ports import free_port
 
 from .conftest import issue_tenant_key
 from .money import bucket_level
-from .test_config_and_cli import free_port
 
 TPM = 6000
 

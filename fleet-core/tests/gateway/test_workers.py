@@ -29,10 +29,12 @@ from prometheus_client.registry import CollectorRegistry
 from fleet_core.devtools.stub_engine import StubSettings, running_stub
 from fleet_core.gateway import workers
 from fleet_core.shared.errors import ConfigError
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import until_answers
 
 from .conftest import issue_tenant_key
 from .test_admission_processes import KEY, OPS, burst_client, chat
-from .test_config_and_cli import free_port, run_cli, wait_until_up
+from .test_config_and_cli import run_cli
 
 
 @given(
@@ -297,7 +299,9 @@ async def _one_worker(
     port = free_port()
     proc = _worker_zero(config, port, env)
     try:
-        await asyncio.to_thread(wait_until_up, f"http://127.0.0.1:{port}", proc)
+        await asyncio.to_thread(
+            until_answers, f"http://127.0.0.1:{port}/healthz", proc, what="fleet-gateway"
+        )
         yield f"http://127.0.0.1:{port}", proc
     finally:
         if proc.poll() is None:
@@ -419,7 +423,7 @@ def test_a_killed_demo_gateway_leaves_no_stub_engine() -> None:
     ]
     proc = subprocess.Popen(command, stderr=subprocess.DEVNULL)
     try:
-        wait_until_up(f"http://127.0.0.1:{port}", proc)  # type: ignore[arg-type]
+        until_answers(f"http://127.0.0.1:{port}/healthz", proc, what="fleet-gateway")
         [stub] = psutil.Process(proc.pid).children()
         proc.kill()
         proc.wait(timeout=10)

@@ -18,6 +18,7 @@ import pytest
 from starlette.applications import Starlette
 
 from fleet_core.devtools.stub_engine import running_app
+from fleet_testing.ports import free_port
 
 from . import fakes
 
@@ -65,16 +66,10 @@ async def serving(app: Starlette) -> AsyncIterator[str]:
         yield url
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 async def open_gateway() -> AsyncIterator[str]:
     """A real ``fleet-gateway --demo`` with neither auth nor limits: anyone is served."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     process = await asyncio.create_subprocess_exec(
         sys.executable,

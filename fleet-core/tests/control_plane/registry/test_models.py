@@ -14,7 +14,7 @@ from fleet_core.control_plane.registry.objects import ObjectStore
 
 from .conftest import HubUnderTest, pull_to_end, register
 
-CONTRACT_FIXTURES = Path(__file__).parents[3] / "contract" / "tests" / "fixtures"
+CONTRACT_FIXTURES = Path(__file__).parents[4] / "contract" / "tests" / "fixtures"
 directory_only = pytest.mark.parametrize("object_store", ["directory"], indirect=True)
 
 

@@ -25,6 +25,7 @@ from fleet_core.gateway.ledger import store as ledger
 from fleet_core.gateway.metering.records import EngineUsage, GatewayCount, UsageRecord
 from fleet_core.shared.storage import migrations
 from fleet_core.shared.storage.migrations import apply_migrations
+
 from .test_hour_rollups import SPAN_S, T0, drawn_record, windows
 
 # The agreement as it was computed before the rollups: every raw row of the window.

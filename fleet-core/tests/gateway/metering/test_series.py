@@ -21,6 +21,7 @@ from fleet_core.gateway.metering.series import (
     HistogramSeries,
     SeriesCollector,
 )
+
 from .test_metrics import record
 
 NAMES = ("a", "b", "x y", 'q"uote', "ü")
