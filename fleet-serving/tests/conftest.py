@@ -28,6 +28,7 @@ from aiohttp import web
 import fleet_contract
 from fleet_contract import InventoryReport
 from fleet_serving import crd
+from fleet_testing import plugins
 from fleet_testing.fix_kube import KubeCluster
 from fleet_testing.ports import free_port
 from fleet_testing.waiting import eventually
@@ -36,6 +37,11 @@ from .cluster import Cluster, KmockCluster, RealCluster
 from .kube_emulator import FleetKubernetes, declare_resources
 
 KUBECTL = shutil.which("kubectl")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The harness fixtures these tests use (see :mod:`fleet_testing.plugins`)."""
+    plugins.load(config, "fix_auth", "fix_postgres", "fix_s3", "fix_kube")
 
 
 @pytest.fixture
@@ -219,7 +225,7 @@ async def _wait_alive(operator: Operator, *, within: float = 60.0) -> None:
         await eventually(alive, within=within, what=f"the operator alive at {operator.liveness}")
 
 
-class Api:
+class KubeApi:
     """A plain HTTP client for the fake API, playing kubectl and the cluster's controllers."""
 
     def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
@@ -243,9 +249,9 @@ class Api:
 
 
 @pytest.fixture
-async def api(kube_url: str) -> AsyncIterator[Api]:
+async def kube_api(kube_url: str) -> AsyncIterator[KubeApi]:
     async with aiohttp.ClientSession() as session:
-        yield Api(session, kube_url)
+        yield KubeApi(session, kube_url)
 
 
 def live(kube: FleetKubernetes, plural: str, name: str) -> dict[str, Any] | None:
@@ -337,8 +343,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """The API an end-to-end test runs against: kmock, then a real API server."""
     if request.param == "kmock":
         kube = request.getfixturevalue("kube")
-        api = request.getfixturevalue("api")
-        yield KmockCluster(kube, api, request.getfixturevalue("kubeconfig"))
+        kube_api = request.getfixturevalue("kube_api")
+        yield KmockCluster(kube, kube_api, request.getfixturevalue("kubeconfig"))
         return
     yield request.getfixturevalue("real_cluster")
 

@@ -15,7 +15,7 @@ from .conftest import (
     FM,
     NODES,
     SERVICES,
-    Api,
+    KubeApi,
     Sink,
     StartOperator,
     fleetmodel,
@@ -25,7 +25,7 @@ from .conftest import (
 )
 from .kube_emulator import FleetKubernetes
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
 def foreign_service(name: str) -> dict[str, object]:
@@ -85,13 +85,13 @@ def test_the_crd_refuses_names_a_service_cannot_have(
 
 
 async def test_a_name_a_service_cannot_have_fails_up_front_without_the_crd_rule(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    kube: FleetKubernetes, kube_api: KubeApi, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
     """Where the CRD's rule is not enforced (an older CRD; kmock), the operator refuses the name
     itself before making anything, instead of a Deployment and a Service refused forever."""
-    await api.create(NODES, gpu_node("gpu-1"))
+    await kube_api.create(NODES, gpu_node("gpu-1"))
     await start_operator(sink[1], "--resync=1s", "--report-interval=30s")
-    await api.create(FM, fleetmodel("qwen2.5-7b"))
+    await kube_api.create(FM, fleetmodel("qwen2.5-7b"))
     status = await eventually(lambda: phase_of(kube, "qwen2.5-7b", "Failed"), within=20)
     assert status["reason"] == "InvalidSpec"
     assert "DNS-1035" in status["message"]

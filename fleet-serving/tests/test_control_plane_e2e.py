@@ -23,7 +23,7 @@ from .cluster import Cluster
 from .conftest import FM, NODES, StartOperator, cpu_node, fleetmodel, issue_credential
 from .conftest import gpu_node as a_gpu_node
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 
 @pytest.fixture

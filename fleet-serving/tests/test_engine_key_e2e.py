@@ -40,7 +40,7 @@ from fleet_testing.waiting import eventually
 from .conftest import cpu_node, fleetmodel, issue_credential
 from .test_control_plane_e2e import operator_credential
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 MODEL = "gemma"
 NAMESPACE = "models"

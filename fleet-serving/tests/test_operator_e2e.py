@@ -32,7 +32,7 @@ from .conftest import (
     gpu_node,
 )
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
 async def started(

@@ -16,7 +16,7 @@ from fleet_testing.waiting import eventually
 from .cluster import Cluster
 from .conftest import FM, NODES, Sink, StartOperator, fleetmodel, gpu_node
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
 def waiting(container: str, reason: str, message: str, *, init: bool = False) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from .cluster import RealCluster
 from .conftest import FM, NODES, Sink, StartOperator, fleetmodel, gpu_node
 from .test_manifests import DEPLOY, kustomize
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 

@@ -25,7 +25,7 @@ from fleet_testing.waiting import eventually
 from .cluster import Cluster
 from .conftest import FM, NODES, StartOperator, cpu_node, fleetmodel
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(params=["directory", "s3"])

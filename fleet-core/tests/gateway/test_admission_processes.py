@@ -15,7 +15,8 @@ import httpx
 import pytest
 import redis
 
-from fleet_core.devtools.stub_engine import StubSettings, running_stub
+from fleet_core.devtools.stub_engine import StubSettings, create_app
+from fleet_testing.asgi import serving
 from fleet_testing.ports import free_port
 from fleet_testing.waiting import until_answers
 
@@ -68,7 +69,7 @@ def gateways(tmp_path: Path, redis_url: str, redis_prefix: str) -> Gateways:
 
     @contextlib.asynccontextmanager
     async def start(count: int, **env: str) -> AsyncIterator[list[str]]:
-        async with running_stub(StubSettings(model="m")) as engine:
+        async with serving(create_app(StubSettings(model="m"))) as engine:
             config = tmp_path / "fleet.yaml"
             config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
             full = {

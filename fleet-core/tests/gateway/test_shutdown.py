@@ -22,7 +22,8 @@ import httpx
 import psycopg
 import pytest
 
-from fleet_core.devtools.stub_engine import StubSettings, running_stub
+from fleet_core.devtools.stub_engine import StubSettings, create_app
+from fleet_testing.asgi import serving
 from fleet_testing.ports import free_port
 
 from .conftest import issue_tenant_key
@@ -42,7 +43,9 @@ async def test_sigterm_mid_stream_settles_before_redis_closes(
 ) -> None:
     key = await issue_tenant_key(control_plane, tpm=TPM)
     reply = " ".join(["word"] * 200)
-    async with running_stub(StubSettings(model="m", token_delay_ms=50, reply=reply)) as engine:
+    async with serving(
+        create_app(StubSettings(model="m", token_delay_ms=50, reply=reply))
+    ) as engine:
         config = tmp_path / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: m\n    model: m\n    base_url: {engine}\n")
         port = free_port()

@@ -23,12 +23,12 @@ import httpx
 import msgspec
 import pytest
 
-from fleet_core.devtools.stub_engine import running_app
 from fleet_core.gateway.admission.service import DRAIN_S
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.settings import GatewaySettings, LogSettings, admission_from_env
 from fleet_testing import servers
+from fleet_testing.asgi import serving
 from fleet_testing.fix_fault_engine import (
     END,
     FaultEngineFactory,
@@ -115,7 +115,7 @@ async def _gateway(engine_url: str, redis_url: str, prefix: str) -> AsyncIterato
     )
     async with (
         open_resources(settings) as resources,
-        running_app(create_gateway_app(settings, resources)) as url,
+        serving(create_gateway_app(settings, resources)) as url,
     ):
         yield url
 

@@ -13,11 +13,11 @@ import httpx
 import msgspec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fleet_core.devtools.stub_engine import running_app
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.metering.records import EngineUsage
 from fleet_core.gateway.settings import GatewaySettings, LogSettings
+from fleet_testing.asgi import serving
 from fleet_testing.fix_fault_engine import (
     END,
     FaultEngine,
@@ -58,7 +58,7 @@ async def _stream(
     settings = GatewaySettings(config=config, log=LogSettings(access=False))
     app = create_gateway_app(settings, await stack.enter_async_context(open_resources(settings)))
     sent: list[tuple[float, Message]] = []
-    url = await stack.enter_async_context(running_app(_recording(app, sent)))
+    url = await stack.enter_async_context(serving(_recording(app, sent)))
     engine.then(script)
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:

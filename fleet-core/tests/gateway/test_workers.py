@@ -26,9 +26,10 @@ from hypothesis import strategies as st
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from fleet_core.devtools.stub_engine import StubSettings, running_stub
+from fleet_core.devtools.stub_engine import StubSettings, create_app
 from fleet_core.gateway import workers
 from fleet_core.shared.errors import ConfigError
+from fleet_testing.asgi import serving
 from fleet_testing.ports import free_port
 from fleet_testing.waiting import until_answers
 
@@ -98,7 +99,7 @@ async def supervised(
 ) -> AsyncIterator[tuple[str, subprocess.Popen[str]]]:
     """A stub engine and ``fleet-gateway --workers 2 --server SERVER`` in front of it:
     (url, supervisor)."""
-    async with running_stub(StubSettings(model="m", **stub)) as engine:  # type: ignore[arg-type]
+    async with serving(create_app(StubSettings(model="m", **stub))) as engine:  # type: ignore[arg-type]
         config = tmp_path / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
         port = free_port()
@@ -268,7 +269,7 @@ async def test_a_workers_counts_reach_the_files_in_its_sigterm_drain(tmp_path: P
     (tmp_path / "metrics").mkdir()
     reply = " ".join(["word"] * 20)
     async with (
-        running_stub(StubSettings(model="m", token_delay_ms=50, reply=reply)) as engine,
+        serving(create_app(StubSettings(model="m", token_delay_ms=50, reply=reply))) as engine,
         _one_worker(tmp_path, engine, env) as (url, proc),
         burst_client() as http,
     ):

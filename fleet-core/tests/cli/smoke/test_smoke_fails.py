@@ -15,9 +15,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from starlette.applications import Starlette
 
-from fleet_core.devtools.stub_engine import running_app
+from fleet_testing.asgi import serving
 from fleet_testing.ports import free_port
 
 from . import fakes
@@ -58,12 +57,6 @@ def admin_file(tmp_path: Path) -> Path:
     path = tmp_path / "admin-token"
     path.write_text("fake-admin-token\n")
     return path
-
-
-@contextlib.asynccontextmanager
-async def serving(app: Starlette) -> AsyncIterator[str]:
-    async with running_app(app) as url:
-        yield url
 
 
 @pytest.fixture
