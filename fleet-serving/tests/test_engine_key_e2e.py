@@ -7,7 +7,7 @@ and llama-server, requires that variable's key on ``/v1``) runs with it on loopb
 own ``ClusterView`` builds the inventory report, PUT with an ``operator`` credential to a real
 control plane on Postgres. A real gateway in discovery mode then serves the model to the official
 ``openai`` SDK — with ``FLEET_ENGINE_KEY_FILE``, the same Secret's file; without it, the engine's
-401 is what a client gets (issue 16, item 1: the failure before ADR 0010).
+401 is what a client gets (the failure before ADR 0010).
 
 fleet-core runs as subprocesses, started by module name; nothing of it is imported (P7).
 """

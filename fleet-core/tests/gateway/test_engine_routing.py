@@ -1,5 +1,5 @@
 """Routing that knows the engines, end to end: stub engines over real HTTP whose metrics and
-prefix cache are scripted, a real gateway in front (issue 20, ADR 0013)."""
+prefix cache are scripted, a real gateway in front (ADR 0013)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The gateway's process loads only the gateway (issue 21): the console script's module, imported
+"""The gateway's process loads only the gateway: the console script's module, imported
 in a fresh interpreter, pulls in none of the control plane, registry, cost pool, hub or stub."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Issue 13's reproductions, each against a real gateway, a raw-socket engine and a real Redis.
+"""Requests once billed wrong or not at all, reproduced against a real gateway, a raw-socket
+engine and a real Redis.
 
 Every test here failed on the code before the fix; the invariants of `money.Books` (buckets back
 to capacity minus what was billed, gauge at 0, one record each, no 500) close most of them.
@@ -168,7 +169,7 @@ async def test_usage_is_read_after_the_client_leaves_past_finish_reason(rig: Rig
 
 async def test_a_client_leaving_on_done_before_the_engine_ends_is_ok(rig: Rig) -> None:
     """The OpenAI SDK closes its connection on ``data: [DONE]``. When the engine's end of the
-    response came later (llama-server on a loaded machine, issue 17's e2e test), the gateway was
+    response came later (llama-server on a loaded machine, in the end-to-end test), the gateway was
     still waiting for it, saw the client leave and recorded the complete stream as
     client_disconnected (499)."""
     rig.engine.then([sse(), *chat_frames(["ok"]), usage_frame(7, 2), frame("[DONE]"), 1.0, END])

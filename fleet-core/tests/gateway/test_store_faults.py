@@ -6,7 +6,7 @@ stream finishes (its settlement meets a dead Redis), and the proxy resumes.
 
 The settlement made while Redis was down fails (logged and counted in
 ``fleet_rate_limiter_store_errors_total``), is kept, and is sent again with backoff once Redis is
-back (issue 13), under the same batch id so that it is applied once: the books come out exact.
+back, under the same batch id so that it is applied once: the books come out exact.
 A gateway stopped while Redis is still down gives up on such a settlement within a bound, and
 says so (one log line; ``fleet_settlements_dropped_total``, see ``admission/test_settling.py``).
 """
@@ -99,7 +99,7 @@ async def test_redis_cut_mid_stream_records_once_and_the_gateway_recovers(cut: C
 
 
 async def test_redis_cut_mid_stream_then_resumed_keeps_the_books_exact(cut: Cut) -> None:
-    """Issue 13: the settlement that met a dead Redis is kept and sent again once Redis is back,
+    """The settlement that met a dead Redis is kept and sent again once Redis is back,
     so the tpm bucket comes back to capacity minus what the record bills."""
     await cut.rig.books.check(admitted=1)
 
@@ -127,7 +127,7 @@ async def test_stopping_while_redis_is_down_and_a_settlement_awaits_its_retry_is
     tcp_proxy: ProxyFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 13: the kept settlement's retry is asleep (backoff) and Redis refuses connections
+    """The kept settlement's retry is asleep (backoff) and Redis refuses connections
     when the gateway stops: shutdown ends within its bound and names what it gave up on."""
     target = servers.address_of(redis_url)
     proxy = tcp_proxy(target.host, target.port)

@@ -1,4 +1,4 @@
-"""How a stream ends over ASGI (issue 21): the frames of the read that brought the engine's end
+"""How a stream ends over ASGI: the frames of the read that brought the engine's end
 are the response's last body (``more_body: False``), not followed by an empty one; a stream whose
 end comes in a later read still sends each read's frames at once and ends with an empty body.
 Real HTTP on both sides: a raw-socket engine, the gateway served by a real server, with every

@@ -1,4 +1,4 @@
-"""``fleet-gateway --workers N`` (issue 21): N real worker processes on one port behave as one
+"""``fleet-gateway --workers N``: N real worker processes on one port behave as one
 gateway — limits exact across workers, metrics that add up, SIGTERM drains every worker.
 
 Each test starts a real supervisor with two workers; ``spread`` checks (through /proc, psutil)

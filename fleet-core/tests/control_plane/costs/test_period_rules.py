@@ -1,5 +1,5 @@
-"""The period rules a finance team relies on, each from a reproduction on a scratch database
-(issue 15): months close in order, late rows are billed, placements are kept in time, one close
+"""The period rules a finance team relies on, each from a reproduction on a scratch database:
+months close in order, late rows are billed, placements are kept in time, one close
 reads one snapshot, coverage is per cluster over its lifetime, and inputs are bounded."""
 
 from __future__ import annotations

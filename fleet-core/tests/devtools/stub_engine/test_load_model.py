@@ -1,4 +1,4 @@
-"""The stub's load model (issue 20): KV occupancy that follows the load, scripted KV pressure,
+"""The stub's load model: KV occupancy that follows the load, scripted KV pressure,
 vLLM's cache_config_info, and a modelled prefix cache that answers faster on a cached prefix."""
 
 from __future__ import annotations

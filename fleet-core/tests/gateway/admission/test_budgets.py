@@ -267,7 +267,7 @@ async def test_a_growth_given_up_before_it_arrives_is_refused() -> None:
 
 
 async def test_growths_asked_together_make_the_entry_once() -> None:
-    """The clean-clone failure of session 21 (two gateways under load, one entry 22,418 in a
+    """A failure seen once on a clean clone (two gateways under load, one entry 22,418 in a
     book of limit 5,000): requests asked to grow the entry before the store had it, and the
     first growth to land made it at a figure counting the others' needs as granted; each of
     them, landing after, added its growth again. An entry is made from what the store has

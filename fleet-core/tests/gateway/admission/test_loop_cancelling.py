@@ -1,4 +1,4 @@
-"""Database-mode loops stop when cancelled, even as the pool hands them a connection (issue 13).
+"""Database-mode loops stop when cancelled, even as the pool hands them a connection.
 
 CI once saw a gateway's shutdown time out after 60 s: its key-usage loop (`catalog.KeyUsage.run`)
 was still sleeping long after the lifespan had cancelled it. The cause, reproduced here on a real

@@ -1,5 +1,5 @@
-"""What admission keeps per key or per set of rules rather than working out per request (issue
-21, session 9) must answer as if worked out each time: a principal's rules follow the catalog
+"""What admission keeps per key or per set of rules rather than working out per request (to cut
+its CPU per request) must answer as if worked out each time: a principal's rules follow the catalog
 snapshot, a reservation's allowances follow its rules, and charges are merged exactly when a bucket
 comes twice."""
 
@@ -71,7 +71,7 @@ def test_merged_charges_sum_per_bucket_in_first_seen_order(pairs: list[tuple[str
 
 
 def test_the_directorys_tuple_a_list_and_a_new_snapshots_equal_rules_share_one_rule_set() -> None:
-    """Session 11: a set of rules is found by the identity of the directory's tuple; any other
+    """A set of rules is found by the identity of the directory's tuple; any other
     sequence of the same rules (a list, a new snapshot's tuple) reaches the same allowances."""
     book = BudgetBook()
     book.refreshed({TENANT.id: 0, RESEARCH.id: 0}, started_at=0.0)

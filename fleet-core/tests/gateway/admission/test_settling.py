@@ -134,7 +134,7 @@ async def _cut_settlement(slow: Slow, used: int, request_id: str) -> None:
 
 
 async def test_a_settlement_that_met_a_dead_redis_lands_once_it_is_back(slow: Slow) -> None:
-    """Issue 13: the failed batch is kept and sent again (same id) until Redis answers."""
+    """The failed batch is kept and sent again (same id) until Redis answers."""
     slow.proxy.latency_s = 0
     started = time.monotonic()
     await _cut_settlement(slow, used=500, request_id="r")

@@ -337,7 +337,7 @@ async def test_redis_scripts_touch_only_the_keys_they_are_given(
 async def test_redis_applies_a_settlement_sent_twice_under_one_id_once(
     own_store: RedisStore, own_client: Redis, make_bucket: BucketFactory
 ) -> None:
-    """Issue 13: a batch whose reply was lost may have run; its retry (same id) must not count."""
+    """A batch whose reply was lost may have run; its retry (same id) must not count."""
     refunded, overrun = make_bucket("refunded", 6000), make_bucket("overrun", 6000)
     assert await take(own_store, (refunded, 3000), (overrun, 100))
     batch = [Charge(refunded, -1000), Charge(overrun, 50)]
