@@ -109,15 +109,17 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
-	$(BIN)/mypy contract/src fleet-core/src fleet-serving/src tools deploy/image/lockpick.py
+	$(BIN)/mypy contract/src fleet-core/src fleet-serving/src tools deploy/image/lockpick.py \
+		e2e/fleet_testing bench
 
 compat: $(STAMP)
 	$(PY) -m fleet_contract.compat
 
 check: lint typecheck compat web-check test
 
+# bench/ at the root is the benchmarks' package; they start servers through e2e/fleet_testing.
 bench: $(STAMP)
-	PYTHONPATH=e2e $(PY) -m bench
+	PYTHONPATH=.:e2e $(PY) -m bench
 
 # Needs the network: resolves the workspace afresh. uv.lock is a by-product and stays out of git.
 lock: $(BIN)/uv

@@ -29,9 +29,8 @@ from typing import Any
 
 import openai
 import psycopg
-from psycopg import sql
 
-from fleet_testing import processes, servers
+from fleet_testing import databases, processes, servers
 from fleet_testing.fix_kube import KubeCluster
 from fleet_testing.kubelet import Image, Kubelet, running_kubelet
 from fleet_testing.ports import free_port
@@ -163,17 +162,8 @@ class Fleet:
         return "\n".join(parts)
 
 
-@contextlib.contextmanager
-def database(server: servers.Server) -> Iterator[str]:
-    name = f"fleet_t_{random_token()[:12]}"
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield servers.with_database(server.url, name)
-    finally:
-        with psycopg.connect(server.url, autocommit=True) as conn:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            conn.execute(drop.format(sql.Identifier(name)))
+def database(server: servers.Server) -> contextlib.AbstractContextManager[str]:
+    return databases.scratch_database(server.url)
 
 
 @contextlib.contextmanager

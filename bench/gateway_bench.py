@@ -2,9 +2,9 @@
 
 Every process is separate (engine, proxies, gateways, load generator) and all share this machine's
 cores, so absolute numbers are noisy; the ratios within one run, taken round by round over
-interleaved rounds, are what the targets judge (issue 21). Every round starts the targets afresh
+interleaved rounds, are what the targets judge. Every round starts the targets afresh
 (all but the stub engine and LiteLLM): two processes of one server differ steadily by up to a
-tenth, which rounds of one process each could never average out (ADR 0002, session 19).
+tenth, which rounds of one process each could never average out (ADR 0002).
 
 - the floor is a pass-through proxy on aiohttp's own server and client (``aiohttp_proxy.py``):
   gateway throughput >= 70% of it at c=32 and c=64, plain and stream. The Starlette bare proxy on
@@ -16,10 +16,10 @@ tenth, which rounds of one process each could never average out (ADR 0002, sessi
   bench also records the CPU each process spent per request (the gateway's processes, the stub,
   the generator) and reports what the cores allow: one worker is held to one core, two workers
   share both with the stub and the generator, so the ratio cannot pass 2 x one / (two + stub +
-  generator) in CPU per request (ADR 0002, session 8). That ratio sits about a tenth above its
+  generator) in CPU per request (ADR 0002). That ratio sits about a tenth above its
   target and a round of it spreads by more (one process's luck on each side), so after the
   section's rounds come ``WORKER_ROUNDS`` more, with every target started as before but only
-  these two measured: the verdict is the median of all of them (ADR 0002, session 23).
+  these two measured: the verdict is the median of all of them (ADR 0002).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from typing import TypeVar
 
 import psutil  # type: ignore[import-untyped]
 
-from bench import generator, litellm_peer, stub
+from bench import generator, headline, litellm_peer, stub
 from fleet_testing.ports import free_port
 from fleet_testing.waiting import until_answers
 
 T = TypeVar("T")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SECONDS = float(os.environ.get("FLEET_BENCH_SECONDS", "3"))
 ROUNDS = int(os.environ.get("FLEET_BENCH_ROUNDS", "5"))
 WORKER_ROUNDS = int(os.environ.get("FLEET_BENCH_WORKER_ROUNDS", "6"))
@@ -56,7 +56,8 @@ SHORT = ("sequential", "plain c=64", "stream c=64")
 PEER = ("sequential", "plain c=32", "stream c=32")
 THROUGHPUT = ("plain c=32", "plain c=64", "stream c=32", "stream c=64")
 Cell = dict[str, float]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "e2e")}
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "e2e")])}
+"""For the bench's own processes: ``bench`` and ``fleet_testing`` importable."""
 FLOOR = "aiohttp proxy (floor)"
 GATEWAY = f"fleet-gateway ({DEFAULT_SERVER})"
 BARE = f"bare proxy ({DEFAULT_SERVER})"
@@ -132,7 +133,7 @@ def engine_and_peer() -> Iterator[tuple[str, Path, int, str]]:
 def targets(direct: str, config: Path) -> Iterator[tuple[dict[str, str], Pids]]:
     """The floor, the bare proxies, the gateways and ``--workers 2`` in front of the engine:
     (name -> URL, name -> pid). Started afresh every round: two processes of the same server
-    differ steadily by up to a tenth in throughput (ADR 0002, session 19), so one process per
+    differ steadily by up to a tenth in throughput (ADR 0002), so one process per
     target for the whole run would put one draw of that luck into every round's ratio."""
     urls: dict[str, str] = {}
     pids: Pids = {}
@@ -312,11 +313,11 @@ def report(result: Result) -> list[str]:
         for name, cells in samples.items()
     }
     lines = [
-        "## Gateway overhead (issues 3, 21)",
+        "## Gateway overhead",
         "",
         f"Each cell: requests/s / p50 ms / p99 ms, the median of {ROUNDS} interleaved rounds;",
         "every target but the engine and LiteLLM is started afresh each round (two processes",
-        "of one server differ steadily by up to a tenth: ADR 0002, session 19).",
+        "of one server differ steadily by up to a tenth: ADR 0002).",
         f"Machine load before and after each round: {'; '.join(loads)} (other work shares the",
         "cores: high load makes every figure noisy). `sequential` is one client, non-stream;",
         "`first frame` is one client timing a stream's first SSE frame. Ratios and differences",
@@ -330,8 +331,7 @@ def report(result: Result) -> list[str]:
         "off the share of the two cores the scheduler gave each in its turn. `--workers 2`",
         f"against one worker is judged on {ROUNDS + WORKER_ROUNDS} rounds: these {ROUNDS} and",
         f"{WORKER_ROUNDS} more measuring only those two, every target started as in the others",
-        "(the ratio sits about a tenth over its target and its rounds spread by more: ADR 0002,",
-        "session 23).",
+        "(the ratio sits about a tenth over its target and its rounds spread by more: ADR 0002).",
         stub.describe(),
         "",
         "| target | " + " | ".join(FULL) + " |",
@@ -431,7 +431,7 @@ def _worker_cpu(scaling: Samples) -> list[str]:
         "",
         "`--workers 2` and the cores: CPU microseconds per request (psutil, user + system, median",
         "of the rounds), and the ratio to one worker those costs allow on an otherwise idle",
-        "machine, 2 x one / (both workers + stub + generator) (ADR 0002, session 8):",
+        "machine, 2 x one / (both workers + stub + generator) (ADR 0002):",
         "",
         "| cell | one worker | two workers (both) | stub | generator | ratio allowed | measured |",
         "|---|---|---|---|---|---|---|",
@@ -474,20 +474,31 @@ def _server_table(samples: Samples, medians: dict[str, dict[str, Cell]]) -> list
     return lines
 
 
+TARGETS = "## Targets"
+METHOD = "## Method"
+GENERATED = (TARGETS, METHOD)
+"""Sections written afresh every time, from the others and from the code."""
+
+
 def write_report(sections: list[list[str]]) -> None:
     """Write docs/benchmarks.md: the sections just run replace those of the same heading; the
-    others stay as the last run that measured them left them (each section carries its date)."""
+    others stay as the last run that measured them left them (each section carries its date).
+    It opens with the table of every judged target (`headline`), rebuilt from all of them."""
     path = ROOT / "docs" / "benchmarks.md"
     stamp = f"_Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()}._"
     fresh = {section[0]: [section[0], "", stamp, *section[1:]] for section in sections}
     kept = _sections(path.read_text()) if path.exists() else {}
-    merged = {**kept, **fresh}
+    merged = {h: lines for h, lines in {**kept, **fresh}.items() if h not in GENERATED}
     lines = [
         "# Benchmarks",
         "",
         "Written by `make bench`; every figure comes from one run on one machine, with its",
         "baseline measured in that same run. Absolute numbers move by 20-40% between runs on this",
         "shared machine; compare the ratios. `FLEET_BENCH_ONLY=<section>` reruns one section.",
+        "",
+        *headline.table(merged),
+        "",
+        METHOD,
         "",
         f"- Each cell: {SECONDS:g} s of closed-loop load after a warm-up, from a load generator in",
         "  its own process; the engine adds no delay and replies 11 tokens (max_tokens 16).",

@@ -1,7 +1,7 @@
 """Run every benchmark and write docs/benchmarks.md (``make bench``).
 
 ``FLEET_BENCH_ONLY=gateway``, ``=admission``, ``=ledger``, ``=database``, ``=pull``, ``=costs``,
-``=console``, ``=operator``, ``=routing`` or ``=instructions`` runs one section (the other
+``=console``, ``=operator`` or ``=routing`` runs one section (the other
 sections of docs/benchmarks.md are kept as they were). ``FLEET_BENCH_ONLY=soak`` runs the
 30-minute soak (``FLEET_BENCH_SOAK_S`` shortens it), which a plain ``make bench`` leaves out.
 """
@@ -17,7 +17,6 @@ from bench import (
     database_bench,
     gateway_bench,
     generator,
-    instructions_bench,
     ledger_bench,
     operator_bench,
     pull_bench,
@@ -31,8 +30,6 @@ def main() -> None:
     sections = []
     if only in ("", "gateway"):
         sections.append([*gateway_bench.report(gateway_bench.run()), generator.describe(), ""])
-    if only in ("", "instructions"):
-        sections.append(instructions_bench.report(instructions_bench.run()))
     if only in ("", "admission"):
         sections.append(admission_bench.report(admission_bench.run()))
     if only in ("", "ledger"):

@@ -14,10 +14,11 @@ from pathlib import Path
 import psycopg
 
 from bench import database_bench as db
+from bench.gateway_bench import Cell
 from fleet_testing import servers
 
 
-def _p50s(*values: float) -> list[db.Cell]:
+def _p50s(*values: float) -> list[Cell]:
     return [{"p50_ms": v} for v in values]
 
 
@@ -40,7 +41,7 @@ def test_a_round_without_a_p50_is_left_out() -> None:
     assert math.isclose(db._growth(empty, full), 0.10)
 
 
-def _loaded(*rps: float) -> list[db.Cell]:
+def _loaded(*rps: float) -> list[Cell]:
     return [{"rps": v} for v in rps]
 
 

@@ -2,7 +2,7 @@
 
 One worker is held to one core; two share both cores with the stub and the generator, so on an
 otherwise idle machine two workers reach at most 2 x one / (two + stub + generator) times one
-worker's throughput (ADR 0002, session 8). The table states that bound beside the measured ratio.
+worker's throughput (ADR 0002). The table states that bound beside the measured ratio.
 """
 
 from __future__ import annotations

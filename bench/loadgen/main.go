@@ -1,13 +1,13 @@
 // Command loadgen is the benchmarks' closed-loop load generator: N connections, each sending the
 // next request as soon as the last one ends, for a fixed time after a warm-up.
 //
-// It does what e2e/bench/load.py does (same arguments, same JSON line), with a minimal HTTP/1.1
+// It does what bench/load.py does (same arguments, same JSON line), with a minimal HTTP/1.1
 // client of its own in place of aiohttp: a Python client at ~2,400 req/s burns most of a core,
 // which on a 2-core machine is taken from the server it measures. It is not net/http's client
 // either: that one hands every request between three goroutines (the caller, a read loop and a
 // write loop per connection) and builds a Request, a Response and header maps for each, and on
 // 2 cores shared with the server under test that cost more than a third of what a gateway worker
-// spends per request (ADR 0002, session 8). Here one goroutine drives every connection from an
+// spends per request (ADR 0002). Here one goroutine drives every connection from an
 // epoll loop (loop.go; Linux only, as the benches are): it writes the same prepared request bytes
 // and reads the answer in place: the status line, the headers it needs (Content-Length,
 // Transfer-Encoding: chunked, Connection: close) and the body, discarded.

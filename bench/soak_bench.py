@@ -1,4 +1,4 @@
-"""Memory and growth (issue 21): the gateway under a long mixed load must come back to where it was.
+"""Memory and growth: the gateway under a long mixed load must come back to where it was.
 
 ``FLEET_BENCH_ONLY=soak``: ``fleet-gateway`` as shipped (``shipped``: one worker, its default
 server) in front of the gateway section's stub engine (``stub``: Go, or Python without ``go``),
@@ -161,7 +161,7 @@ def report(result: Soak) -> list[str]:
     short = " (shortened with FLEET_BENCH_SOAK_S: not the 30-minute soak)" if SOAK_S < 1800 else ""
     points = ", ".join(f"{mb:.1f}" for mb in _spread(result.trend, 8))
     return [
-        "## Soak: memory and growth (issue 21)",
+        "## Soak: memory and growth",
         "",
         f"fleet-gateway under {minutes:.1f} minutes of mixed load{short}:",
         f"{CONCURRENCY} connections; {PLAIN} sending non-stream requests and {STREAM} reading "

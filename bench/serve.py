@@ -5,14 +5,6 @@ The gateway is built exactly as ``fleet-gateway`` builds it (same settings, reso
 factory); only the server around it changes. uvicorn and hypercorn are started by
 ``fleet_core.shared.asgi_server.serve_app``, as ``fleet-gateway --server`` starts them (uvicorn with
 httptools); granian, which Fleet does not ship, by its embeddable server.
-
-``FLEET_BENCH_STRETCH=K`` (the instructions section, under callgrind) multiplies the admission's
-own time constants by K before the gateway starts (`STRETCHED`): the windows that spread a fixed
-cost over the requests that fall in them (settlements sharing a round trip, lease top-ups sized
-to recent consumption, budget slack, idle sweeps). A server slowed K times meets K times fewer
-requests per window, so unstretched each request would carry K times its share of that work.
-The settings' own intervals (catalog poll, budget refresh, ledger flush, metrics) are stretched
-through their environment variables instead (`instructions_bench.SLOWED_DATABASE`).
 """
 
 from __future__ import annotations
@@ -31,30 +23,10 @@ import aiohttp
 import uvloop
 
 from bench import bare_proxy
-from fleet_core.gateway.admission import budget_book, leases
-from fleet_core.gateway.admission import service as admission
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import load_config
 from fleet_core.gateway.settings import from_env
 from fleet_core.shared.asgi_server import SERVERS, serve_app, settle_heap
-
-STRETCHED = (
-    (admission, "SETTLE_WINDOW_S"),
-    (leases, "AHEAD_S"),
-    (leases, "SWEEP_S"),
-    (leases, "IDLE_S"),
-    (budget_book, "SLACK_S"),
-)
-"""Module constants read when used (never bound as a default at import), stretched together."""
-
-
-def stretch(factor: float) -> None:
-    """Multiply every `STRETCHED` constant by ``factor``; refuses a name that has gone."""
-    for module, name in STRETCHED:
-        value = getattr(module, name, None)
-        if not isinstance(value, float):
-            raise SystemExit(f"bench.serve: {module.__name__}.{name} is no float constant")
-        setattr(module, name, value * factor)
 
 
 @contextlib.asynccontextmanager
@@ -98,6 +70,4 @@ async def main(server: str, kind: str, port: int, target: str) -> None:
 
 
 if __name__ == "__main__":
-    if factor := os.environ.get("FLEET_BENCH_STRETCH"):
-        stretch(float(factor))
     uvloop.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]))

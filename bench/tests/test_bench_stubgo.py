@@ -1,4 +1,4 @@
-"""The benches' Go stub engine (``e2e/bench/stubgo``) behind a real ``fleet-gateway``.
+"""The benches' Go stub engine (``bench/stubgo``) behind a real ``fleet-gateway``.
 
 The gateway and database benches run every row against this stub, so its answers must pass
 through the gateway and satisfy both clients the benches and users run: the official OpenAI SDK
@@ -102,7 +102,7 @@ def test_the_stub_refuses_a_request_without_its_engine_key(engine: str) -> None:
 
 
 def test_the_stub_counts_every_generation_request_it_receives(engine: str) -> None:
-    """The instructions bench divides a server's instructions by this count."""
+    """What a bench divides a server's work by: every generation request, counted."""
 
     def served() -> int:
         text = httpx.get(engine + "/metrics").text
@@ -246,7 +246,7 @@ def test_a_bad_token_delay_refuses_to_start_with_one_line(value: str) -> None:
     ]
 
 
-# The stub's own HTTP/1.1 server (e2e/bench/stubgo/server.go), on a raw socket: what net/http's
+# The stub's own HTTP/1.1 server (bench/stubgo/server.go), on a raw socket: what net/http's
 # server took care of before, and what the gateway's client and the SDKs rely on.
 
 

@@ -1,4 +1,4 @@
-"""Routing that knows the engines (issue 20): KV-pressure avoidance, prefix affinity's hit rate
+"""Routing that knows the engines: KV-pressure avoidance, prefix affinity's hit rate
 and latency against least-outstanding, the load spread of a hot prefix, and the fair queue's
 wait bound. ``FLEET_BENCH_ONLY=routing`` runs this section.
 
@@ -243,7 +243,7 @@ def report(results: Results) -> list[str]:
     kv, prefix, fair = results["kv"], results["prefix"], results["fair"]
     bound = -(-(1 + EPSILON) * CONCURRENCY // 3)
     lines = [
-        "## Routing (issue 20)",
+        "## Routing",
         "",
         f"Closed loop, {SECONDS:g} s per policy and round, the median of {ROUNDS} interleaved",
         "rounds; latencies in ms. The machine is shared: latencies carry tens of ms of CPU",

@@ -12,23 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
 
-from bench.admission_bench import given_or_found
 from bench.gateway_bench import ROUNDS, median
 from fleet_core.gateway.ledger import LedgerWriter, store
 from fleet_core.gateway.metering.records import EngineUsage, GatewayCount, UsageRecord
-from fleet_core.shared.storage.migrations import apply_migrations
-from fleet_testing import servers
+from fleet_testing import databases, servers
 
 __all__ = ["report", "run"]
 
@@ -40,34 +35,19 @@ _INSERT = (
 )
 
 
-def postgres_server() -> AbstractContextManager[str]:
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str]:
     """A PostgreSQL superuser URL: ``FLEET_BENCH_DATABASE_URL``, else one found or started."""
-    return given_or_found("FLEET_BENCH_DATABASE_URL", servers.postgres)
+    with servers.postgres(os.environ, variable="FLEET_BENCH_DATABASE_URL") as server:
+        yield server.url
 
 
 @contextlib.contextmanager
 def scratch_database(server: str | None = None) -> Iterator[str]:
-    """The URL of a new, migrated database on ``server`` (default: `postgres_server`),
-    dropped afterwards."""
+    """A new, migrated database on ``server`` (default: `postgres_server`), dropped afterwards."""
     with contextlib.ExitStack() as stack:
         server = server or stack.enter_context(postgres_server())
-        name = f"fleet_bench_{secrets.token_hex(4)}"
-        _administer(server, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        drop = sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name))
-        stack.callback(_administer, server, drop)
-        url = servers.with_database(server, name)
-        asyncio.run(_migrate(url))
-        yield url
-
-
-def _administer(url: str, statement: sql.Composed) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(statement)
-
-
-async def _migrate(url: str) -> None:
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await apply_migrations(conn)
+        yield stack.enter_context(databases.scratch_database(server, migrated=True))
 
 
 def records(rows: int, round_: int) -> list[UsageRecord]:

@@ -1,6 +1,6 @@
 """Which closed-loop load generator the benchmarks run, and running it for one cell.
 
-The Go generator (``e2e/bench/loadgen``, standard library only, its own HTTP/1.1 client) is built
+The Go generator (``bench/loadgen``, standard library only, its own HTTP/1.1 client) is built
 once into the per-user cache, keyed by a hash of its source
 (``$XDG_CACHE_HOME/fleet/loadgen-<hash>/loadgen``), and used whenever ``go`` is on PATH: it needs
 a fraction of the CPU the Python one does, which matters when the generator shares 2 cores with
@@ -25,15 +25,15 @@ __all__ = ["PREAMBLE", "Cell", "binary", "command", "describe", "run", "run_with
 
 Cell = dict[str, float]
 PREAMBLE = (
-    "- The load generator is a Go program (`e2e/bench/loadgen`: its own minimal HTTP/1.1",
+    "- The load generator is a Go program (`bench/loadgen`: its own minimal HTTP/1.1",
     "  client, every connection on one epoll loop, one core), built once into",
     "  `~/.cache/fleet/loadgen-<hash of its source>/`; without `go` the Python one",
-    "  (`e2e/bench/load.py`, aiohttp) runs instead. Each section names the one it ran. Against",
+    "  (`bench/load.py`, aiohttp) runs instead. Each section names the one it ran. Against",
     "  the Go stub (`python -m bench.generator URL`, 2026-12-01, load average 5-9) the Go one",
     "  spent 0.010-0.016 cores per 1,000 req/s (sequential, plain c=32/c=64, stream c=64), the",
     "  Python one 0.10-0.14; behind a gateway (1.5-2.3k req/s, where each request wakes it) the",
     "  Go one spent 34-48 us of CPU per request on its epoll loop against 48-72 with a goroutine",
-    "  per connection (ADR 0002, session 9; medians of 5 rounds, load average 7-9).",
+    "  per connection (ADR 0002; medians of 5 rounds, load average 7-9).",
 )
 SOURCE = Path(__file__).resolve().parent / "loadgen"
 ENV = {**os.environ, "PYTHONPATH": str(SOURCE.parents[1])}
@@ -58,8 +58,8 @@ def describe() -> str:
     """One sentence for a report: which generator ran, and why when it is the Python one."""
     found = binary()
     if isinstance(found, Path):
-        return "Load generator: Go (`e2e/bench/loadgen`, its own HTTP/1.1 client, one epoll loop)."
-    return f"Load generator: Python (`e2e/bench/load.py`, aiohttp), because {found}."
+        return "Load generator: Go (`bench/loadgen`, its own HTTP/1.1 client, one epoll loop)."
+    return f"Load generator: Python (`bench/load.py`, aiohttp), because {found}."
 
 
 def run(url: str, cell: str, key: str | None, seconds: float) -> Cell:

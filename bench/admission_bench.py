@@ -1,4 +1,4 @@
-"""Admission cost (issue 4): the gateway with keys and Redis limits on versus off, and the
+"""Admission cost: the gateway with keys and Redis limits on versus off, and the
 limiter alone versus ``redis-benchmark`` sending the same EVALSHA to the same server.
 
 "Limits on" is the shipped default, leased buckets (ADR 0016: each gateway process admits from
@@ -24,8 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -60,20 +59,10 @@ CELLS = ("sequential", "plain c=64")
 
 
 @contextlib.contextmanager
-def given_or_found(
-    variable: str, find: Callable[[Mapping[str, str]], AbstractContextManager[servers.Server]]
-) -> Iterator[str]:
-    """The URL in ``variable`` if set, else that of the server ``find`` finds or starts."""
-    given = os.environ.get(variable)
-    if given:
-        yield given
-        return
-    with find(os.environ) as server:
+def redis_url() -> Iterator[str]:
+    """A Redis URL: ``FLEET_BENCH_REDIS_URL``, else one found or started."""
+    with servers.redis(os.environ, variable="FLEET_BENCH_REDIS_URL") as server:
         yield server.url
-
-
-def redis_url() -> AbstractContextManager[str]:
-    return given_or_found("FLEET_BENCH_REDIS_URL", servers.redis)
 
 
 @contextlib.contextmanager
@@ -211,7 +200,7 @@ def report(result: dict[str, object]) -> list[str]:
     p50_64 = added(samples, "limits on", "limits off", "plain c=64")
     p50_seq = added(samples, "limits on", "limits off", "sequential")
     lines = [
-        "## Admission cost (issue 4)",
+        "## Admission cost",
         "",
         "The gateway against the stub engine, with keys and tenant + project limits in Redis",
         f"(4 buckets per request) versus auth and limits off; medians of {ROUNDS} interleaved",

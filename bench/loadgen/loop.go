@@ -5,7 +5,7 @@ package main
 // thousand a second, each on its own) woke the program from idle: the poller's thread, a hand-off
 // to the goroutine, and the runtime's monitor thread (sysmon), which parks whenever every P is
 // idle and is woken again by the next system call, then sleeps 20 us, finds nothing and parks:
-// that thread alone was 40% of the generator's CPU (ADR 0002, session 9). Here the loop waits in
+// that thread alone was 40% of the generator's CPU (ADR 0002). Here the loop waits in
 // epoll_pwait as a raw system call, so its P never looks idle to the runtime, sysmon settles to a
 // check every 10 ms, and an answer costs one wake-up, a read and the next request's write.
 

@@ -1,6 +1,6 @@
 """Which stub engine the gateway benchmarks run behind every row, and its CPU cost.
 
-The Go stub (``e2e/bench/stubgo``, standard library only) is built like the load generator
+The Go stub (``bench/stubgo``, standard library only) is built like the load generator
 (`gobuild`) and used whenever ``go`` is on PATH: on 2 cores the engine shares the machine with the
 gateway under test, and the Python stub (``fleet_core.devtools.stub_engine``) spends about half the
 gateway's own CPU per request, which caps what a second gateway worker can show. Without ``go``
@@ -24,7 +24,7 @@ __all__ = ["PREAMBLE", "command", "describe"]
 
 SOURCE = Path(__file__).resolve().parent / "stubgo"
 PREAMBLE = (
-    "- The engine behind every row is a Go stub (`e2e/bench/stubgo`, its own HTTP/1.1 server",
+    "- The engine behind every row is a Go stub (`bench/stubgo`, its own HTTP/1.1 server",
     "  on one epoll loop; vLLM's wire, the Python stub's canned reply, answers made from bytes",
     "  quoted once),",
     "  built like the load generator; without `go` (or with `FLEET_BENCH_STUB=python`) the",
@@ -68,7 +68,7 @@ def describe() -> str:
     """One sentence for a report: which stub engine ran, and why when it is the Python one."""
     found = binary()
     if isinstance(found, Path):
-        return "Stub engine: Go (`e2e/bench/stubgo`, its own HTTP/1.1 server on one epoll loop)."
+        return "Stub engine: Go (`bench/stubgo`, its own HTTP/1.1 server on one epoll loop)."
     return f"Stub engine: Python (`fleet_core.devtools.stub_engine`), because {found}."
 
 

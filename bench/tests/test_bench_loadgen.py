@@ -1,4 +1,4 @@
-"""The benches' Go load generator (``e2e/bench/loadgen``): its own HTTP/1.1 client, tested.
+"""The benches' Go load generator (``bench/loadgen``): its own HTTP/1.1 client, tested.
 
 The generator reads answers itself (status line, Content-Length or chunked bodies, Connection:
 close) rather than through net/http, so these tests hold it to what the benches rely on: a

@@ -1,18 +1,18 @@
-"""Database mode (issues 5, 21): the gateway with keys, limits, budget rules and rates from
+"""Database mode: the gateway with keys, limits, budget rules and rates from
 Postgres versus the same limits from the environment and versus no auth, limits or ledger at all,
 and budget admission with an empty ledger versus one of millions of rows.
 
 Targets: database-mode throughput at c=64 >= 85% of environment mode (same Redis buckets; the
 database mode adds budget rules, rates and a ledger row per request) and >= 85% of the gateway
-without auth, limits or ledger (issue 21), judged twice: on a tenant with no budget rule (keys,
-Redis limits, rates and the ledger: issue 21's own list) and on one under three rules, each
+without auth, limits or ledger, judged twice: on a tenant with no budget rule (keys,
+Redis limits, rates and the ledger: all a keyed request pays for) and on one under three rules, each
 behind a gateway of its own; budget-rule admission latency with
 ``FLEET_BENCH_BUDGET_ROWS`` (default 5 million) ledger rows within 20% of an empty ledger —
 admission reads rollup sums kept in memory, so only the background refresh touches the rows'
 rollups, and its query time is shown too. The two ledgers are two databases, each behind its own
 database-mode gateway, measured in interleaved rounds and compared round by round: one after
 the other, first empty then filled, the comparison measured the machine's drift between the two
-(from -53% to +52% in two runs of the same code, session 17).
+(from -53% to +52% in two runs of the same code).
 
 Every round starts every gateway afresh. Two processes of the same gateway on the same code
 differ steadily by up to a tenth in throughput (memory layout, hash seeds: ADR 0002, session
@@ -250,7 +250,7 @@ def _behind_one_engine(modes: list[Mode]) -> Iterator[list[Target]]:
 @contextlib.contextmanager
 def gateways(database_url: str, redis: str) -> Iterator[list[Target]]:
     """Environment mode, database mode (a tenant under three budget rules, and one under none,
-    each on a gateway of its own), the gateway without auth, limits or ledger (issue 21's
+    each on a gateway of its own), the gateway without auth, limits or ledger (the
     baseline) and a second process of that gateway (the control: what two identical gateways
     read of each other is the resolution of every ratio here), all on the same engine; the
     limited ones on the same Redis."""
@@ -310,7 +310,7 @@ def _postgres_cpu_s() -> float:
 AFTERMATH_S = leases.IDLE_S + 2 * leases.SWEEP_S + DatabaseModeSettings.ledger_flush_s
 """How long a gateway's own work outlasts its load: the ledger's last batch, the lease slices
 given back once idle. Every cell waits this long after it, so that the next target (always
-the same one: rotation keeps the order) does not pay for it (ADR 0002, session 19)."""
+the same one: rotation keeps the order) does not pay for it (ADR 0002)."""
 
 
 def measure(target: Target, cell: str) -> Cell:
@@ -439,7 +439,7 @@ def report(result: dict[str, object]) -> list[str]:
     p50_full = _median([c["p50_ms"] for c in full])
     growth = _growth(empty, full)
     lines = [
-        "## Database mode (issue 5)",
+        "## Database mode",
         "",
         f"The gateway on {default_server()} (`fleet-gateway`'s default server) against the stub",
         "engine, tenant + project limits in Redis in both modes; database mode adds the catalog",
@@ -488,10 +488,11 @@ def report(result: dict[str, object]) -> list[str]:
         "|---|---|---|",
         f"| database-mode throughput >= 85% of environment mode, c=64 | {ratio:.0%} "
         f"({_rounds(samples, DB_MODE, ENV_MODE)}) | {_verdict(ratio >= 0.85)} |",
-        f"| database mode (auth + Redis limits + ledger) >= 85% of the gateway without them, "
-        f"c=64 (issue 21), a tenant with no budget rule | {ruleless:.0%} (by CPU per request: "
+        f"| database mode, a tenant with no budget rule, >= 85% of the gateway without auth, "
+        f"limits or ledger, c=64 | {ruleless:.0%} (by CPU per request: "
         f"{cpu_ruleless:.0%}; {_rounds(samples, RULELESS, OFF)}) | {_verdict(ruleless >= 0.85)} |",
-        f"| the same with three budget rules on the tenant and its project | {over_off:.0%} "
+        f"| database mode, three budget rules on the tenant and its project, >= 85% of the "
+        f"gateway without auth, limits or ledger, c=64 | {over_off:.0%} "
         f"(by CPU per request: {cpu_over_off:.0%}; {_rounds(samples, DB_MODE, OFF)}) | "
         f"{_verdict(over_off >= 0.85)} |",
         f"| budget admission p50 with the full ledger within 20% of empty | {growth:+.0%} | "

@@ -33,6 +33,11 @@ __all__ = ["report", "run"]
 ROWS = int(os.environ.get("FLEET_BENCH_CONSOLE_ROWS", "10000000"))
 CALLS = 20
 TARGET_MS = 200.0
+REFERENCE = (
+    "usage agreement, one day, from raw rows as before migration 0016 (SQL only; for reference)"
+)
+"""The agreement as it was read before its rollups: the figure they are judged against, not a call
+the console makes."""
 _ROLLUPS = """
 INSERT INTO usage_minute (tenant, project, model, minute, requests, tokens_input, tokens_output,
                           tokens_cached, tokens_fresh, units)
@@ -179,7 +184,7 @@ def _agreement_before_after(base: str, token: str, url: str) -> dict[str, tuple[
             took["raw"].append((time.perf_counter() - began) * 1000)
     return {
         "usage agreement, one day, from rollups (interleaved)": _cuts(took["rollups"][1:]),
-        "usage agreement, one day, from raw rows as before 0016 (SQL only)": _cuts(took["raw"][1:]),
+        REFERENCE: _cuts(took["raw"][1:]),
     }
 
 
@@ -253,7 +258,7 @@ def report(figures: dict[str, object]) -> list[str]:
         "|---|---|---|---|",
     ]
     for name, (p50, p95) in calls.items():
-        verdict = "meets" if p95 <= TARGET_MS else "misses"
+        verdict = "—" if name == REFERENCE else "meets" if p95 <= TARGET_MS else "misses"
         lines.append(f"| {name} | {p50:.0f} ms | {p95:.0f} ms | {verdict} |")
     note = (
         "The usage calls read the hourly rollups (usage_hour) for whole hours and the per-minute"
