@@ -13,11 +13,10 @@ from __future__ import annotations
 import os
 import secrets
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
-import urllib.error
-import urllib.request
+from pathlib import Path
 
 import httpx
 import psycopg
@@ -26,7 +25,7 @@ from bench import costs_bench
 from bench.ledger_bench import scratch_database
 from fleet_core.shared import paging
 from fleet_core.shared.storage import migrations
-from fleet_testing.ports import free_port
+from fleet_testing import processes
 
 __all__ = ["report", "run"]
 
@@ -131,29 +130,6 @@ def _seed(url: str, rows: int) -> float:
     return time.perf_counter() - began
 
 
-def _serve(url: str, token: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    env = {**os.environ, "FLEET_DATABASE_URL": url, "FLEET_ADMIN_TOKEN": token}
-    env["FLEET_ACCESS_LOG"] = "false"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "fleet_core.control_plane", "--listen", f"127.0.0.1:{port}"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=1):
-                return process, base
-        except urllib.error.HTTPError as exc:
-            exc.close()
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("the control plane did not start")
-
-
 # The usage agreement as it was computed before migration 0016: every raw ledger row of the day.
 _RAW_AGREEMENT = """
 SELECT model, count(*), count(engine_prompt_tokens), avg(p),
@@ -229,14 +205,15 @@ def run(rows: int = ROWS) -> dict[str, object]:
         with psycopg.connect(url) as conn:
             row = conn.execute("SELECT count(*) FROM usage_minute").fetchone()
         rollups = int(row[0]) if row else 0
-        process, base = _serve(url, token)
-        try:
+        env = {"FLEET_DATABASE_URL": url, "FLEET_ADMIN_TOKEN": token, "FLEET_ACCESS_LOG": "false"}
+        with (
+            tempfile.TemporaryDirectory(prefix="fleet-bench-console-") as logs,
+            processes.processes(Path(logs)) as procs,
+        ):
+            base = processes.control_plane(procs, env)
             calls = _time_calls(base, token, [*CONSOLE_CALLS, *_deep_pages(url)])
             calls |= _agreement_before_after(base, token, url)
             load = os.getloadavg()[0]
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
     return {"rows": rows, "rollups": rollups, "seed_s": seed_s, "calls": calls, "load": load}
 
 

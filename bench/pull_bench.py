@@ -3,12 +3,13 @@ control plane, against a plain upload of the same bytes with the minio SDK, and 
 plane's peak RSS growth while it pulls.
 
 Three processes besides this one: SeaweedFS (``weed mini``), the synthetic hub (``python -m
-fleet_core.devtools.hub``) and the control plane (``fleet-apiserver``, S3 store), on a scratch
-database. The pull's time runs from ``POST …/pull`` to the event reporting Ready, so it includes the
-download, sha256, the multipart upload and verification. The plain upload uses the same part size
-and parallelism, reading the bytes from memory-free generation in this process, with no download and
-no hashing: it is the ceiling the pull is measured against. Targets: ≥ 80% of the plain upload; peak
-RSS growth < 64 MiB. ``FLEET_BENCH_PULL_BYTES`` sets the size (1 GiB).
+fleet_core.devtools.hub``) and the control plane (``python -m fleet_core.control_plane``, as
+``fleet-apiserver`` runs it; S3 store), on a scratch database. The pull's time runs from ``POST
+…/pull`` to the event reporting Ready, so it includes the download, sha256, the multipart upload
+and verification. The plain upload uses the same part size and parallelism, reading the bytes
+from memory-free generation in this process, with no download and no hashing: it is the ceiling
+the pull is measured against. Targets: ≥ 80% of the plain upload; peak RSS growth < 64 MiB.
+``FLEET_BENCH_PULL_BYTES`` sets the size (1 GiB).
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ import io
 import json
 import os
 import secrets
-import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, cast
 
@@ -32,9 +32,8 @@ from bench.gateway_bench import ROUNDS, median
 from bench.ledger_bench import scratch_database
 from fleet_core.control_plane.registry.s3 import S3Settings
 from fleet_core.devtools.hub.repos import generated_repo
+from fleet_testing import processes
 from fleet_testing.fix_s3 import S3Server, running_seaweedfs
-from fleet_testing.ports import free_port
-from fleet_testing.waiting import until_answers
 
 __all__ = ["report", "run"]
 
@@ -43,22 +42,6 @@ ADMIN_TOKEN = "bench-" + secrets.token_urlsafe(32)
 """The scratch control plane's admin token (FLEET_ADMIN_TOKEN)."""
 SETTINGS = S3Settings(endpoint="", use_ssl=False)  # the registry's part size and parallelism
 BIN = Path(sys.executable).parent
-
-
-@contextlib.contextmanager
-def _process(argv: list[str], env: dict[str, str], ready_url: str) -> Iterator[int]:
-    quiet = subprocess.DEVNULL
-    process = subprocess.Popen(argv, env=env, stdin=quiet, stdout=quiet, stderr=quiet)
-    try:
-        until_answers(ready_url, process)
-        yield process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _memory(pid: int) -> dict[str, int]:
@@ -130,7 +113,6 @@ def _plain(s3: S3Server, bucket: str) -> float:
 
 def _environment(s3: S3Server, bucket: str, database: str, hub: str) -> dict[str, str]:
     return {
-        **os.environ,
         "FLEET_DATABASE_URL": database,
         "FLEET_S3_ENDPOINT": s3.endpoint,
         "FLEET_S3_BUCKET": bucket,
@@ -149,24 +131,14 @@ def run(size: int = SIZE) -> dict[str, float]:
     plains: list[float] = []
     growth: list[float] = []
     bucket = f"fleet-bench-{secrets.token_hex(4)}"
-    hub_port, api_port = free_port(), free_port()
-    hub = f"http://127.0.0.1:{hub_port}"
-    api_url = f"http://127.0.0.1:{api_port}"
-    hub_argv = [
-        sys.executable,
-        "-m",
-        "fleet_core.devtools.hub",
-        "--listen",
-        f"127.0.0.1:{hub_port}",
-    ]
-    hub_argv += ["--generated-bytes", str(size)]
     with contextlib.ExitStack() as stack:
         s3 = stack.enter_context(running_seaweedfs())
         database = stack.enter_context(scratch_database())
-        env = _environment(s3, bucket, database, hub)
-        stack.enter_context(_process(hub_argv, env, f"{hub}/api/models/fleet/tiny-gguf"))
-        api_argv = [str(BIN / "fleet-apiserver"), "--listen", f"127.0.0.1:{api_port}"]
-        pid = stack.enter_context(_process(api_argv, env, f"{api_url}/healthz"))
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fleet-bench-pull-")))
+        procs = stack.enter_context(processes.processes(logs))
+        hub = processes.hub(procs, ["--generated-bytes", str(size)])
+        api_url = processes.control_plane(procs, _environment(s3, bucket, database, hub))
+        pid = procs.started["apiserver"].pid
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"}
         api = stack.enter_context(httpx.Client(base_url=api_url, headers=headers, timeout=120))
         httpx.get(f"{hub}/api/models/fleet/generated", timeout=300)  # the hub hashes it once

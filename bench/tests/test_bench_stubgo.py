@@ -79,14 +79,9 @@ def paced() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def gateway(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    config = tmp_path_factory.mktemp("stubgo") / "fleet.yaml"
-    config.write_text(
-        f"upstreams:\n  - id: bench\n    model: {MODEL}\n    engine: vllm\n"
-        f"    base_url: {engine}\n    api_key: {ENGINE_KEY}\n"
-    )
-    with processes.processes(config.parent) as procs:
-        # ready: the gateway's first health round found the engine healthy
-        yield processes.gateway(procs, {}, ["--config", str(config)], ready="/readyz")
+    upstream = {"id": "bench", "model": MODEL, "engine": "vllm", "base_url": engine}
+    with processes.processes(tmp_path_factory.mktemp("stubgo")) as procs:
+        yield processes.gateway_in_front(procs, upstream | {"api_key": ENGINE_KEY})
 
 
 @pytest.fixture

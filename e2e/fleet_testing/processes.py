@@ -23,6 +23,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from fleet_testing.ports import free_port
 from fleet_testing.waiting import until_answers
 
@@ -31,6 +33,7 @@ __all__ = [
     "clean_env",
     "control_plane",
     "gateway",
+    "gateway_in_front",
     "hub",
     "processes",
     "stub_engine",
@@ -130,6 +133,17 @@ def gateway(
     argv = [str(BIN / "fleet-gateway"), *args, "--listen", f"{host}:{url.rsplit(':', 1)[1]}"]
     procs.serve(name, argv, clean_env(**{"FLEET_ACCESS_LOG": "false", **env}), f"{url}{ready}")
     return url
+
+
+def gateway_in_front(
+    procs: Processes, upstream: Mapping[str, str], *, name: str = "gateway"
+) -> str:
+    """``fleet-gateway`` with one static ``upstream`` (a fleet.yaml entry: id, model, engine,
+    base_url, api_key …) written beside the logs; its URL once the upstream passed the gateway's
+    first health check (``/readyz``)."""
+    config = procs.logs / f"{name}.yaml"
+    config.write_text(yaml.safe_dump({"upstreams": [dict(upstream)]}))
+    return gateway(procs, {}, ["--config", str(config)], name=name, ready="/readyz")
 
 
 def stub_engine(

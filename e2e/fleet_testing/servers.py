@@ -27,6 +27,7 @@ import contextlib
 import importlib.util
 import os
 import pwd
+import signal
 import socket
 import subprocess
 import tempfile
@@ -53,6 +54,7 @@ __all__ = [
     "Address",
     "HarnessError",
     "NoServerError",
+    "RedisProcess",
     "Server",
     "Source",
     "StartError",
@@ -316,15 +318,54 @@ def _embedded_redis_if_installed() -> AbstractContextManager[Server] | None:
 @contextlib.contextmanager
 def _embedded_redis(binary: Path) -> Iterator[Server]:
     with tempfile.TemporaryDirectory(prefix="fleet-redis-") as workdir:
-        address, log = Address("127.0.0.1", free_port()), Path(workdir) / "redis.log"
-        argv = [str(binary), "--bind", address.host, "--port", str(address.port), "--dir", workdir]
-        argv += ["--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", str(log)]
-        with _spawn(argv) as process:
-            try:
-                _wait_listening(address, process, log=log)
-                yield Server(f"redis://{address}/0", "embedded")
-            finally:
-                _stop(process)
+        process = RedisProcess(binary, Path(workdir))
+        process.start()
+        try:
+            yield Server(process.url, "embedded")
+        finally:
+            process.stop()
+
+
+class RedisProcess:
+    """A redis-server of our own on a fixed loopback port, to stop, freeze and start again: the
+    embedded step's server, and a test's own for outages (`fix_redis_process`)."""
+
+    def __init__(self, binary: Path, workdir: Path) -> None:
+        self.binary, self.workdir = binary, workdir
+        self.address = Address("127.0.0.1", free_port())
+        self.log = workdir / "redis.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.address}/0"
+
+    def start(self) -> None:
+        """Start it (again, on the same port) and wait until it listens."""
+        argv = [str(self.binary), "--bind", self.address.host, "--port", str(self.address.port)]
+        argv += ["--dir", str(self.workdir), "--save", "", "--appendonly", "no"]
+        argv += ["--daemonize", "no", "--logfile", str(self.log)]
+        self._process = _spawn(argv)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _listening(self.address):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                raise StartError(f"redis-server did not start: {_last_line(self.log)}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)  # in case a test left it frozen
+            _stop(self._process)
+            self._process = None
+
+    def freeze(self) -> None:
+        """Stop the process without closing its sockets: it accepts but never answers."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
@@ -342,14 +383,6 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-
-
-def _wait_listening(address: Address, process: subprocess.Popen[bytes], *, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not _listening(address):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise StartError(f"embedded redis-server did not start: {_last_line(log)}")
-        time.sleep(0.02)
 
 
 @contextlib.contextmanager

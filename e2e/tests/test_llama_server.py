@@ -40,15 +40,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[engines.LlamaSe
 @pytest.fixture(scope="module")
 def gateway(engine: engines.LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """fleet-gateway as a process, with one static llamacpp upstream holding the engine's key."""
-    config = tmp_path_factory.mktemp("gateway") / "fleet.yaml"
-    config.write_text(
-        "upstreams:\n"
-        f"  - id: gemma\n    model: {MODEL}\n    engine: llamacpp\n"
-        f"    base_url: {engine.url}\n    api_key: {ENGINE_KEY}\n"
-    )
-    with processes.processes(config.parent) as procs:
-        # ready: the gateway's first health round found the engine healthy
-        yield processes.gateway(procs, {}, ["--config", str(config)], ready="/readyz")
+    upstream = {"id": "gemma", "model": MODEL, "engine": "llamacpp", "base_url": engine.url}
+    with processes.processes(tmp_path_factory.mktemp("gateway")) as procs:
+        yield processes.gateway_in_front(procs, upstream | {"api_key": ENGINE_KEY})
 
 
 @pytest.fixture

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -16,39 +13,12 @@ import pytest
 import redis
 
 from fleet_core.devtools.stub_engine import StubSettings, create_app
+from fleet_testing import processes
 from fleet_testing.asgi import serving
-from fleet_testing.ports import free_port
-from fleet_testing.waiting import until_answers
 
 KEY = "acme/research/team-a"
 
 OPS = "ops-metrics-token-of-at-least-32-characters"
-
-
-@contextlib.contextmanager
-def gateway_process(config: Path, env: dict[str, str]) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fleet_core.gateway",
-            "--config",
-            str(config),
-            "--listen",
-            f"127.0.0.1:{port}",
-        ],
-        env={**os.environ, "FLEET_ACCESS_LOG": "false", **env},
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        until_answers(url + "/healthz", proc, what="fleet-gateway")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def evalsha_calls(redis_url: str) -> int:
@@ -79,11 +49,14 @@ def gateways(tmp_path: Path, redis_url: str, redis_prefix: str) -> Gateways:
                 "FLEET_REDIS_PREFIX": redis_prefix,
                 **env,
             }
-            with contextlib.ExitStack() as stack:
-                urls = [stack.enter_context(gateway_process(config, full)) for _ in range(count)]
-                # gateway_process waits synchronously, which stalls this loop and the stub engine
-                # it serves: a health check landing then ejects the engine. Start once every
-                # gateway has seen it ready again.
+            with processes.processes(tmp_path) as procs:
+                args = ["--config", str(config)]
+                urls = [
+                    await asyncio.to_thread(processes.gateway, procs, full, args, name=f"gw{n}")
+                    for n in range(count)
+                ]
+                # started off the loop, which keeps serving the stub engine; the burst starts
+                # once every gateway's health check has found it ready
                 await until_ready(urls)
                 yield urls
 
