@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from fleet_testing import processes
+from fleet_testing.waiting import eventually
 
 from .cluster import Cluster
 from .conftest import FM, NODES, StartOperator, cpu_node, fleetmodel, issue_credential
@@ -42,16 +43,16 @@ async def operator_credential(control_plane: str, admin_token: str, cluster: str
 
 async def until_reported(url: str, token: str, *, within: float = 20.0) -> dict[str, Any]:
     """GET the cluster from the control plane until its report lists a deployment."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
-        while loop.time() < deadline:
+
+        async def reported() -> dict[str, Any] | None:
             async with session.get(url) as response:
                 body = await response.json() if response.status == 200 else {}
-            if body.get("report", {}).get("deployments"):
-                return dict(body["report"])
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"no report with a deployment at {url} within {within}s")
+            return dict(body["report"]) if body.get("report", {}).get("deployments") else None
+
+        return await eventually(
+            reported, within=within, what=f"a report with a deployment at {url}"
+        )
 
 
 async def test_a_real_control_plane_accepts_the_report(

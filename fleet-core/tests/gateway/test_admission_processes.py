@@ -15,6 +15,7 @@ import redis
 from fleet_core.devtools.stub_engine import StubSettings, create_app
 from fleet_testing import processes
 from fleet_testing.asgi import serving
+from fleet_testing.waiting import eventually
 
 KEY = "acme/research/team-a"
 
@@ -64,12 +65,13 @@ def gateways(tmp_path: Path, redis_url: str, redis_prefix: str) -> Gateways:
 
 
 async def until_ready(urls: list[str], within_s: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
     async with httpx.AsyncClient() as http:
         for url in urls:
-            while (await http.get(f"{url}/readyz")).status_code != 200:
-                assert asyncio.get_running_loop().time() < deadline, f"{url} never became ready"
-                await asyncio.sleep(0.05)
+
+            async def ready(url: str = url) -> bool:
+                return (await http.get(f"{url}/readyz")).status_code == 200
+
+            await eventually(ready, within=within_s, what=f"{url} ready")
 
 
 async def chat(http: httpx.AsyncClient, url: str, max_tokens: int) -> int:

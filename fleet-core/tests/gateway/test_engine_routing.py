@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -61,7 +60,7 @@ async def test_signals_are_scraped_published_and_shown(
             text = (await http.get(f"{gw.url}/metrics")).text
             return "fleet_endpoint_kv_capacity_tokens{" in text and "queue_depth{" in text
 
-        await until(scraped)
+        await eventually(scraped, within=10)
         text = (await http.get(f"{gw.url}/metrics")).text
         health = (await http.get(f"{gw.url}/health")).json()
     assert f'fleet_endpoint_kv_usage_ratio{{endpoint="{vllm.url}",model="m"}} 0.5' in text
@@ -95,7 +94,7 @@ async def test_kv_pressure_steers_requests_away(
             text = (await http.get(f"{gw.url}/metrics")).text
             return text.count("fleet_endpoint_kv_usage_ratio{") == 2
 
-        await until(scraped)
+        await eventually(scraped, within=10)
         for _ in range(20):
             await post(http, gw.url, chat("s"))
     assert (full.stats().requests_started, roomy.stats().requests_started) == (0, 20)
@@ -121,13 +120,6 @@ def test_stale_signals_fall_back_to_least_outstanding() -> None:
 
 def _config(raw: dict[str, Any]) -> GatewayConfig:
     return msgspec.convert(raw, GatewayConfig)
-
-
-async def until(condition: Callable[[], Awaitable[bool]], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not await condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def _cache_rig(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
@@ -39,6 +39,7 @@ from fleet_testing.fix_fault_engine import (
     usage_frame,
 )
 from fleet_testing.fix_proxy import ProxyFactory
+from fleet_testing.waiting import eventually
 
 from .conftest import MSG, TPM, Rig, RigFactory
 from .money import billed, bucket_level, in_flight, metric, records
@@ -70,7 +71,9 @@ async def cut(start_rig: RigFactory, redis_url: str, tcp_proxy: ProxyFactory) ->
     rig = await start_rig(env={"FLEET_REDIS_URL": proxy.url_for(redis_url)}, read_timeout_s=5)
     rig.engine.then(_interrupted_stream())
     stream = asyncio.create_task(rig.send(stream=True))
-    await _until(lambda: rig.engine.hits == 1)  # admitted (Redis charged it) and streaming
+    await eventually(
+        lambda: rig.engine.hits == 1, within=5
+    )  # admitted (Redis charged it) and streaming
     reserved = await bucket_level(redis_url, rig.books.tpm_key)
     assert reserved is not None
     assert reserved < TPM - 1000  # max_tokens 1000 + the prompt
@@ -78,7 +81,7 @@ async def cut(start_rig: RigFactory, redis_url: str, tcp_proxy: ProxyFactory) ->
     response = await stream
     assert response.status_code == 200, response.text
     assert '"error"' not in response.text  # the stream itself never needed Redis
-    await _until_async(lambda: _store_errors(rig.gw.url), within_s=10)  # its settlement failed
+    await eventually(lambda: _store_errors(rig.gw.url), within=10)  # its settlement failed
     await asyncio.to_thread(proxy.resume)
     return Cut(rig, reserved)
 
@@ -139,10 +142,10 @@ async def test_stopping_while_redis_is_down_and_a_settlement_awaits_its_retry_is
         body = {"model": "m", "messages": MSG, "max_tokens": 1000, "stream": True}
         async with httpx.AsyncClient(timeout=30) as http:
             stream = asyncio.create_task(http.post(f"{url}/v1/chat/completions", json=body))
-            await _until(lambda: engine.hits == 1)  # admitted while Redis was up
+            await eventually(lambda: engine.hits == 1, within=5)  # admitted while Redis was up
             await asyncio.to_thread(proxy.cut)
             assert (await stream).status_code == 200
-        await _until_async(lambda: _store_errors(url, at_least=2), within_s=10)  # retried once
+        await eventually(lambda: _store_errors(url, at_least=2), within=10)  # retried once
         started = loop.time()
     assert loop.time() - started < SHUTDOWN_WITHIN_S
     given_up = [r.getMessage() for r in caplog.records if "settlement batches" in r.getMessage()]
@@ -152,17 +155,3 @@ async def test_stopping_while_redis_is_down_and_a_settlement_awaits_its_retry_is
 
 async def _store_errors(url: str, at_least: int = 1) -> bool:
     return await metric(url, STORE_ERRORS) >= at_least
-
-
-async def _until(check: Callable[[], bool], within_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)
-
-
-async def _until_async(check: Callable[[], Awaitable[bool]], within_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.05)
