@@ -110,7 +110,8 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
-	$(BIN)/mypy contract/src fleet-core/src fleet-serving/src tools deploy/image/lockpick.py
+	$(BIN)/mypy contract/src fleet-core/src fleet-serving/src tools deploy/image/lockpick.py \
+		e2e/fleet_testing bench
 
 compat: $(STAMP)
 	$(PY) -m fleet_contract.compat
@@ -118,8 +119,9 @@ compat: $(STAMP)
 # Every static check CI runs before the tests (.ci/run); `make test` runs the tests.
 check: lint typecheck compat web-check
 
+# bench/ at the root is the benchmarks' package; they start servers through e2e/fleet_testing.
 bench: $(STAMP)
-	PYTHONPATH=e2e $(PY) -m bench
+	PYTHONPATH=.:e2e $(PY) -m bench
 
 # Needs the network: resolves the workspace afresh. uv.lock is a by-product and stays out of git.
 lock: $(BIN)/uv

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet_testing import servers
+from fleet_testing.ports import free_port
 
 __all__ = ["LlamaServer", "gemma_gguf", "llama_server_binary", "running_llama_server"]
 
@@ -62,13 +62,6 @@ def gemma_gguf() -> Path:
     return _script("fetch-gemma.sh")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -102,7 +95,7 @@ def running_llama_server(
     One thread by default: ggml's threads wait for each other by spinning, so on a machine whose
     cores are shared with other work two threads measured 1 token/s where one gave 7.
     """
-    port = _free_port()
+    port = free_port()
     argv = [
         str(binary), "--model", str(model), "--alias", alias, "--metrics",
         "--host", "127.0.0.1", "--port", str(port),

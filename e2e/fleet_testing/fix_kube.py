@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -33,6 +32,7 @@ from typing import Any
 import pytest
 
 from fleet_testing import kube_build
+from fleet_testing.ports import free_port
 
 __all__ = [
     "KubeCluster",
@@ -167,12 +167,6 @@ def running_status(ip: str, containers: list[str], ready: bool) -> dict[str, Any
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
@@ -281,7 +275,7 @@ def running_cluster() -> Iterator[KubeCluster]:
     with tempfile.TemporaryDirectory(prefix="fleet-kube-") as tmp:
         cwd = Path(tmp)
         _certificates(cwd)
-        etcd, peer, port = _free_port(), _free_port(), _free_port()
+        etcd, peer, port = free_port(), free_port(), free_port()
         server = f"https://127.0.0.1:{port}"
         kubeconfig = cwd / "kubeconfig"
         _kubeconfig(kubeconfig, server, cwd)

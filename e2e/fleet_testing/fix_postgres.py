@@ -7,18 +7,13 @@ embedded wheel, container). Each test then gets a fresh ``fleet_t_<hex>`` databa
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 
-import psycopg
 import pytest
-from psycopg import sql
 
-from fleet_testing import servers, sessions
+from fleet_testing import databases, servers, sessions
 
 __all__ = ["postgres_server", "postgres_url"]
-
-DATABASE_PREFIX = "fleet_t_"
 
 
 @pytest.fixture(scope="session")
@@ -30,16 +25,5 @@ def postgres_server() -> Iterator[servers.Server]:
 @pytest.fixture
 def postgres_url(postgres_server: servers.Server) -> Iterator[str]:
     """URL of a new, empty database for this test alone."""
-    name = f"{DATABASE_PREFIX}{secrets.token_hex(6)}"
-    _administer(postgres_server.url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield servers.with_database(postgres_server.url, name)
-    finally:
-        drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        _administer(postgres_server.url, drop)
-
-
-def _administer(url: str, statement: sql.Composed) -> None:
-    # CREATE/DROP DATABASE cannot run inside a transaction block.
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(statement)
+    with databases.scratch_database(postgres_server.url) as url:
+        yield url

@@ -9,61 +9,15 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import signal
-import socket
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fleet_testing import servers
+from fleet_testing.servers import RedisProcess
 
 __all__ = ["RedisProcess", "own_redis"]
-
-START_TIMEOUT_S = 10.0
-
-
-class RedisProcess:
-    """A redis-server of our own on a fixed port, to stop, freeze and start again."""
-
-    def __init__(self, binary: Path, workdir: Path) -> None:
-        self.binary, self.workdir = binary, workdir
-        self.address = servers.Address("127.0.0.1", _free_port())
-        self._process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://{self.address}/0"
-
-    def start(self) -> None:
-        argv = [str(self.binary), "--bind", self.address.host, "--port", str(self.address.port)]
-        argv += ["--dir", str(self.workdir), "--save", "", "--appendonly", "no"]
-        quiet = subprocess.DEVNULL
-        self._process = subprocess.Popen(argv, stdin=quiet, stdout=quiet, stderr=quiet)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _listening(self.address):
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                raise servers.StartError(f"redis-server did not start on {self.address}")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        if self._process is not None:
-            self._process.send_signal(signal.SIGCONT)  # in case a test left it frozen
-            self._process.terminate()
-            self._process.wait(timeout=START_TIMEOUT_S)
-            self._process = None
-
-    def freeze(self) -> None:
-        """Stop the process without closing its sockets: it accepts but never answers."""
-        assert self._process is not None
-        self._process.send_signal(signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        assert self._process is not None
-        self._process.send_signal(signal.SIGCONT)
 
 
 @pytest.fixture
@@ -89,18 +43,3 @@ def _redis_binary() -> Path | None:
             return binary
     found = shutil.which("redis-server")
     return Path(found) if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _listening(address: servers.Address) -> bool:
-    try:
-        with socket.create_connection((address.host, address.port), timeout=1):
-            return True
-    except OSError:
-        return False

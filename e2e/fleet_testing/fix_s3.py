@@ -12,7 +12,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,11 +25,14 @@ from pathlib import Path
 import pytest
 
 from fleet_testing import servers
+from fleet_testing.ports import free_ports
 
 __all__ = ["S3Server", "running_seaweedfs", "s3_bucket", "s3_server"]
 
 START_TIMEOUT_S = 30.0
 ACCESS_KEY = "fleettest"
+GRPC_OFFSET = 10000
+"""SeaweedFS listens for gRPC on each HTTP port + this, unless told otherwise."""
 
 
 @dataclass(frozen=True)
@@ -49,25 +51,6 @@ def _weed() -> Path:
     return Path(found)
 
 
-def _free_ports(count: int) -> list[int]:
-    """Ports below 30000 that are free, as is each port + 10000 (SeaweedFS's gRPC convention)."""
-    chosen: list[int] = []
-    while len(chosen) < count:
-        port = 20000 + secrets.randbelow(10000)
-        if port not in chosen and all(_free(p) for p in (port, port + 10000)):
-            chosen.append(port)
-    return chosen
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _argv(weed: Path, workdir: Path, ports: list[int]) -> list[str]:
     master, volume, filer, s3, admin = ports
     return [
@@ -78,21 +61,21 @@ def _argv(weed: Path, workdir: Path, ports: list[int]) -> list[str]:
         "-ip=127.0.0.1",
         "-ip.bind=127.0.0.1",
         f"-master.port={master}",
-        f"-master.port.grpc={master + 10000}",
+        f"-master.port.grpc={master + GRPC_OFFSET}",
         f"-volume.port={volume}",
-        f"-volume.port.grpc={volume + 10000}",
+        f"-volume.port.grpc={volume + GRPC_OFFSET}",
         f"-filer.port={filer}",
-        f"-filer.port.grpc={filer + 10000}",
+        f"-filer.port.grpc={filer + GRPC_OFFSET}",
         f"-filer.localSocket={workdir / 'filer.sock'}",
         f"-s3.port={s3}",
-        f"-s3.port.grpc={s3 + 10000}",
+        f"-s3.port.grpc={s3 + GRPC_OFFSET}",
         f"-s3.localSocket={workdir / 's3.sock'}",
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         "-webdav=false",
         "-admin.ui=false",
         f"-admin.port={admin}",  # it listens even without its UI: not on the default port
-        f"-admin.port.grpc={admin + 10000}",
+        f"-admin.port.grpc={admin + GRPC_OFFSET}",
         "-master.telemetry=false",
     ]
 
@@ -117,7 +100,7 @@ def _remove_grpc_sockets(ports: list[int]) -> None:
     """weed puts its gRPC unix sockets in /tmp whatever TMPDIR says, and does not always remove
     them: ours are the ones named after our gRPC ports."""
     for port in ports:
-        for leftover in Path("/tmp").glob(f"seaweedfs-*-grpc-{port + 10000}.sock"):
+        for leftover in Path("/tmp").glob(f"seaweedfs-*-grpc-{port + GRPC_OFFSET}.sock"):
             leftover.unlink(missing_ok=True)
 
 
@@ -129,7 +112,7 @@ def running_seaweedfs() -> Iterator[S3Server]:
         workdir = Path(tmp)
         for name in ("logs", "data"):
             (workdir / name).mkdir()
-        ports = _free_ports(5)
+        ports = free_ports(5, also=GRPC_OFFSET)
         server = S3Server(f"127.0.0.1:{ports[3]}", ACCESS_KEY, secrets.token_hex(16))
         env = {
             **os.environ,

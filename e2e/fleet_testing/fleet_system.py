@@ -15,29 +15,29 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import openai
 import psycopg
-from psycopg import sql
 
-from fleet_testing import servers
+from fleet_testing import databases, processes, servers
 from fleet_testing.fix_kube import KubeCluster
 from fleet_testing.kubelet import Image, Kubelet, running_kubelet
+from fleet_testing.ports import free_port
+from fleet_testing.processes import Processes, clean_env
+from fleet_testing.waiting import eventually_blocking, until_answers
 
-__all__ = ["FM_NAME", "MODEL", "Api", "Fleet", "Processes", "eventually", "running_fleet"]
+__all__ = ["FM_NAME", "MODEL", "Api", "Fleet", "running_fleet"]
 
 BIN = Path(sys.executable).parent
 MODEL = "gemma-3-270m"
@@ -46,99 +46,6 @@ FM_NAME = "gemma"
 """The FleetModel's name (its Service's too)."""
 CRD = Path(__file__).resolve().parents[2] / "deploy" / "base" / "crd.yaml"
 KUBECTL = shutil.which("kubectl") or "kubectl"
-T = TypeVar("T")
-
-
-def free_port() -> int:
-    """A loopback port free now, for a server started later. It comes from below the kernel's
-    ephemeral range: a port from that range (what binding port 0 gives) can be taken in between
-    as the local port of any outgoing connection, a database pool's say, and the server then
-    fails with "Address already in use" (seen once in a stack of five processes). No port is
-    handed out twice by one test process."""
-    low = _ephemeral_low()
-    for _ in range(200):
-        port = secrets.randbelow(_PICK_FROM) + low - _PICK_FROM
-        if port in _handed_out:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise AssertionError(f"no free loopback port in {low - _PICK_FROM}-{low - 1}")
-
-
-_PICK_FROM = 8192
-"""How many ports below the ephemeral range `free_port` picks from."""
-_handed_out: set[int] = set()
-
-
-def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (Linux's default, 32768, elsewhere)."""
-    try:
-        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
-    except OSError:
-        return 32768
-    return max(int(text.split()[0]), 1024 + _PICK_FROM)
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without the caller's FLEET_ (or engine key) variables, plus ``extra``."""
-    keep = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "LLAMA_", "VLLM_"))}
-    return keep | extra
-
-
-@dataclass
-class Processes:
-    """The processes a test started, each with its log; all stopped at :meth:`stop_all`."""
-
-    logs: Path
-    started: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        with (self.logs / f"{name}.log").open("ab") as log:
-            process = subprocess.Popen(
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        self.started[name] = process
-        return process
-
-    def log(self, name: str) -> str:
-        path = self.logs / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def stop_all(self) -> None:
-        for process in self.started.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in self.started.values():
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def wait_http(
-    url: str, process: subprocess.Popen[bytes], *, within: float = 60.0, what: str = ""
-) -> None:
-    """Until ``url`` answers 200 (the process must stay up)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"{what or url} exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except urllib.error.HTTPError as exc:
-            exc.close()
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{what or url} did not answer within {within:g} s")
 
 
 @dataclass(frozen=True)
@@ -182,28 +89,8 @@ def token_file(directory: Path, name: str, value: str) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def processes(logs: Path) -> Iterator[Processes]:
-    running = Processes(logs)
-    try:
-        yield running
-    finally:
-        running.stop_all()
-
-
 def random_token() -> str:
     return secrets.token_hex(32)
-
-
-def eventually(check: Callable[[], T | None], *, within: float = 60.0, what: str = "") -> T:
-    deadline = time.monotonic() + within
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within:g} s: {what}")
-        time.sleep(0.2)
 
 
 @dataclass
@@ -275,24 +162,17 @@ class Fleet:
         return "\n".join(parts)
 
 
-@contextlib.contextmanager
-def database(server: servers.Server) -> Iterator[str]:
-    name = f"fleet_t_{random_token()[:12]}"
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield servers.with_database(server.url, name)
-    finally:
-        with psycopg.connect(server.url, autocommit=True) as conn:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            conn.execute(drop.format(sql.Identifier(name)))
+def database(server: servers.Server) -> contextlib.AbstractContextManager[str]:
+    return databases.scratch_database(server.url)
 
 
 @contextlib.contextmanager
 def namespace(cluster: KubeCluster) -> Iterator[str]:
     name = f"e2e-{random_token()[:8]}"
     cluster.create("/api/v1/namespaces", {"metadata": {"name": name}})
-    eventually(lambda: cluster.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"))
+    eventually_blocking(
+        lambda: cluster.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"), within=60
+    )
     try:
         yield name
     finally:
@@ -311,15 +191,12 @@ def secret(cluster: KubeCluster, namespace: str, name: str, key: str, value: str
 
 
 def start_control_plane(procs: Processes, database_url: str, admin_token: str, store: Path) -> Api:
-    port = free_port()
-    env = clean_env(
-        FLEET_DATABASE_URL=database_url, FLEET_MODELS_DIR=str(store), FLEET_ADMIN_TOKEN=admin_token
-    )
-    argv = [sys.executable, "-m", "fleet_core.control_plane", "--listen", f"127.0.0.1:{port}"]
-    process = procs.start("apiserver", argv, env)
-    url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/readyz", process, what="fleet-apiserver")
-    return Api(url, admin_token)
+    env = {
+        "FLEET_DATABASE_URL": database_url,
+        "FLEET_MODELS_DIR": str(store),
+        "FLEET_ADMIN_TOKEN": admin_token,
+    }
+    return Api(processes.control_plane(procs, env), admin_token)
 
 
 def import_model(admin: Api, gguf: Path) -> None:
@@ -356,7 +233,7 @@ def start_operator(
         "--resync=10s",
     ]
     process = procs.start("operator", argv, clean_env(KUBECONFIG=str(kubeconfig)))
-    wait_http(liveness, process, what="fleet-serving run")
+    until_answers(liveness, process, what="fleet-serving run")
 
 
 def start_gateway(
@@ -367,22 +244,16 @@ def start_gateway(
     engine_key_file: Path,
     workdir: Path,
 ) -> str:
-    port = free_port()
-    env = clean_env(
-        FLEET_DATABASE_URL=database_url,
-        FLEET_REDIS_URL=redis_url,
-        FLEET_REDIS_PREFIX=f"e2e-{random_token()[:8]}:",
-        FLEET_CONTROL_PLANE_URL=admin.url,
-        FLEET_CONTROL_PLANE_TOKEN=admin.credential("gateway"),
-        FLEET_ENGINE_KEY_FILE=str(engine_key_file),
-        FLEET_LEDGER_SPOOL=str(workdir / "ledger-spool.jsonl"),
-        FLEET_ACCESS_LOG="false",
-    )
-    argv = [str(BIN / "fleet-gateway"), "--listen", f"127.0.0.1:{port}"]
-    process = procs.start("gateway", argv, env)
-    url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/health", process, what="fleet-gateway")
-    return url
+    env = {
+        "FLEET_DATABASE_URL": database_url,
+        "FLEET_REDIS_URL": redis_url,
+        "FLEET_REDIS_PREFIX": f"e2e-{random_token()[:8]}:",
+        "FLEET_CONTROL_PLANE_URL": admin.url,
+        "FLEET_CONTROL_PLANE_TOKEN": admin.credential("gateway"),
+        "FLEET_ENGINE_KEY_FILE": str(engine_key_file),
+        "FLEET_LEDGER_SPOOL": str(workdir / "ledger-spool.jsonl"),
+    }
+    return processes.gateway(procs, env)
 
 
 @contextlib.contextmanager
@@ -404,7 +275,7 @@ def running_fleet(
         kubelet = stack.enter_context(
             running_kubelet(cluster, [ns], images=images, workdir=workdir / "kubelet")
         )
-        procs = stack.enter_context(processes(workdir))
+        procs = stack.enter_context(processes.processes(workdir))
         admin = start_control_plane(procs, database_url, random_token(), workdir / "objects")
         import_model(admin, gguf)
         engine_key = random_token()

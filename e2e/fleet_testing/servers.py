@@ -27,6 +27,7 @@ import contextlib
 import importlib.util
 import os
 import pwd
+import signal
 import socket
 import subprocess
 import tempfile
@@ -43,6 +44,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from fleet_core.devtools import devstack
+from fleet_testing.ports import free_port
 
 __all__ = [
     "POSTGRES_ADDRESS",
@@ -52,6 +54,7 @@ __all__ = [
     "Address",
     "HarnessError",
     "NoServerError",
+    "RedisProcess",
     "Server",
     "Source",
     "StartError",
@@ -140,11 +143,13 @@ def postgres(
     *,
     address: Address = POSTGRES_ADDRESS,
     steps: Steps = Steps(),  # frozen, so a shared default is safe
+    variable: str = POSTGRES_ENV,
 ) -> AbstractContextManager[Server]:
-    """Find or start PostgreSQL; the context yields its superuser URL and stops what it started."""
+    """Find or start PostgreSQL; the context yields its superuser URL and stops what it started.
+    ``variable``: the environment variable naming a server to use (the benches have their own)."""
     kind = _Kind(
         name="PostgreSQL",
-        variable=POSTGRES_ENV,
+        variable=variable,
         running_url=f"postgresql://postgres@{address}/postgres",
         check=_check_postgres,
         embedded=_embedded_postgres_if_installed,
@@ -159,11 +164,12 @@ def redis(
     *,
     address: Address = REDIS_ADDRESS,
     steps: Steps = Steps(),  # frozen, so a shared default is safe
+    variable: str = REDIS_ENV,
 ) -> AbstractContextManager[Server]:
     """Find or start Redis; the context yields a URL to its db 0 and stops what it started."""
     kind = _Kind(
         name="Redis",
-        variable=REDIS_ENV,
+        variable=variable,
         running_url=f"redis://{address}/0",
         check=_check_redis,
         embedded=_embedded_redis_if_installed,
@@ -279,7 +285,7 @@ def _embedded_postgres_if_installed() -> AbstractContextManager[Server] | None:
 def _embedded_postgres(bindir: Path) -> Iterator[Server]:
     """Run the wheel's initdb and pg_ctl ourselves: its Python API loosens permissions as root."""
     with tempfile.TemporaryDirectory(prefix="fleet-pg-") as workdir:
-        as_user, data, port = _unprivileged(Path(workdir)), f"{workdir}/data", _free_port()
+        as_user, data, port = _unprivileged(Path(workdir)), f"{workdir}/data", free_port()
         initdb = [f"{bindir}/initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"]
         _run([*as_user, *initdb, "--no-locale", "--no-sync"], what="initdb")
         pg_ctl = [*as_user, f"{bindir}/pg_ctl", "-D", data, "-w", "-t", str(START_TIMEOUT_S)]
@@ -312,15 +318,54 @@ def _embedded_redis_if_installed() -> AbstractContextManager[Server] | None:
 @contextlib.contextmanager
 def _embedded_redis(binary: Path) -> Iterator[Server]:
     with tempfile.TemporaryDirectory(prefix="fleet-redis-") as workdir:
-        address, log = Address("127.0.0.1", _free_port()), Path(workdir) / "redis.log"
-        argv = [str(binary), "--bind", address.host, "--port", str(address.port), "--dir", workdir]
-        argv += ["--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", str(log)]
-        with _spawn(argv) as process:
-            try:
-                _wait_listening(address, process, log=log)
-                yield Server(f"redis://{address}/0", "embedded")
-            finally:
-                _stop(process)
+        process = RedisProcess(binary, Path(workdir))
+        process.start()
+        try:
+            yield Server(process.url, "embedded")
+        finally:
+            process.stop()
+
+
+class RedisProcess:
+    """A redis-server of our own on a fixed loopback port, to stop, freeze and start again: the
+    embedded step's server, and a test's own for outages (`fix_redis_process`)."""
+
+    def __init__(self, binary: Path, workdir: Path) -> None:
+        self.binary, self.workdir = binary, workdir
+        self.address = Address("127.0.0.1", free_port())
+        self.log = workdir / "redis.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.address}/0"
+
+    def start(self) -> None:
+        """Start it (again, on the same port) and wait until it listens."""
+        argv = [str(self.binary), "--bind", self.address.host, "--port", str(self.address.port)]
+        argv += ["--dir", str(self.workdir), "--save", "", "--appendonly", "no"]
+        argv += ["--daemonize", "no", "--logfile", str(self.log)]
+        self._process = _spawn(argv)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _listening(self.address):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                raise StartError(f"redis-server did not start: {_last_line(self.log)}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)  # in case a test left it frozen
+            _stop(self._process)
+            self._process = None
+
+    def freeze(self) -> None:
+        """Stop the process without closing its sockets: it accepts but never answers."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
@@ -338,14 +383,6 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-
-
-def _wait_listening(address: Address, process: subprocess.Popen[bytes], *, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not _listening(address):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise StartError(f"embedded redis-server did not start: {_last_line(log)}")
-        time.sleep(0.02)
 
 
 @contextlib.contextmanager
@@ -395,13 +432,6 @@ def _package_dir(name: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _run(argv: list[str], *, what: str, log: Path | None = None) -> None:

@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -27,8 +26,10 @@ import httpx
 import pytest
 
 from fleet_core.gateway.console.settings import BUILT_DIR
-from fleet_testing import fleet_system, servers
+from fleet_testing import fleet_system, processes, servers
 from fleet_testing.fix_auth import bearer
+from fleet_testing.ports import free_ports
+from fleet_testing.processes import Processes
 
 ROOT = Path(__file__).resolve().parents[2]
 WEB = ROOT / "web"
@@ -60,17 +61,6 @@ class Stack:
     logs: Path
 
 
-def _start(
-    procs: fleet_system.Processes, name: str, argv: list[str], env: dict[str, str], ready: str
-) -> None:
-    """A Python module as a process of the stack, up once ``ready`` answers 200."""
-    process = procs.start(name, [sys.executable, *argv], fleet_system.clean_env(**env))
-    try:
-        fleet_system.wait_http(ready, process, what=name)
-    except AssertionError as exc:
-        pytest.fail(f"{exc}: {procs.log(name)[-2000:]}")
-
-
 @pytest.fixture(scope="module")
 def database(postgres_server: servers.Server) -> Iterator[str]:
     with fleet_system.database(postgres_server) as url:
@@ -88,13 +78,11 @@ def _config(logs: Path, engine: int, llama: int) -> Path:
     return config
 
 
-def _engines(procs: fleet_system.Processes, engine: int, llama: int) -> None:
+def _engines(procs: Processes, engine: int, llama: int) -> None:
     vllm = ["--kv-capacity-tokens", "65536", *STUB_FLAGS]
-    argv = ["-m", "fleet_core.devtools.stub_engine", "--port", str(engine), "--model", "m", *vllm]
-    _start(procs, "engine", argv, {}, f"http://127.0.0.1:{engine}/health")
+    processes.stub_engine(procs, ["--model", "m", *vllm], name="engine", port=engine)
     lcpp = ["--profile", "llamacpp", "--max-num-seqs", str(LLAMA_SLOTS), *STUB_FLAGS]
-    argv = ["-m", "fleet_core.devtools.stub_engine", "--port", str(llama), "--model", "lcpp", *lcpp]
-    _start(procs, "llama", argv, {}, f"http://127.0.0.1:{llama}/health")
+    processes.stub_engine(procs, ["--model", "lcpp", *lcpp], name="llama", port=llama)
 
 
 @pytest.fixture(scope="module")
@@ -105,12 +93,11 @@ def stack(database: str, redis_url: str) -> Iterator[Stack]:
         pytest.fail("the console is not built: run `make web` (make test builds it first)")
     logs = Path(tempfile.mkdtemp(prefix="fleet-console-"))
     admin = "test-admin-" + secrets.token_urlsafe(24)
-    engine, llama, api, gateway, demo, hub = (fleet_system.free_port() for _ in range(6))
+    engine, llama, api, gateway, demo, hub = free_ports(6)
     try:
-        with fleet_system.processes(logs) as procs:
+        with processes.processes(logs) as procs:
             _engines(procs, engine, llama)
-            argv = ["-m", "fleet_core.devtools.hub", "--listen", f"127.0.0.1:{hub}"]
-            _start(procs, "hub", argv, {}, f"http://127.0.0.1:{hub}/api/models/fleet/tiny-gguf")
+            processes.hub(procs, port=hub)
             api_env = {
                 "FLEET_DATABASE_URL": database,
                 "FLEET_ADMIN_TOKEN": admin,
@@ -121,8 +108,7 @@ def stack(database: str, redis_url: str) -> Iterator[Stack]:
                 # hour of a month (the default 1 h grace refuses it then, for another reason)
                 "FLEET_COST_CLOSE_GRACE": "0",
             }
-            argv = ["-m", "fleet_core.control_plane", "--listen", f"127.0.0.1:{api}"]
-            _start(procs, "apiserver", argv, api_env, f"http://127.0.0.1:{api}/readyz")
+            processes.control_plane(procs, api_env, port=api)
             gateway_env = {
                 "FLEET_DATABASE_URL": database,
                 "FLEET_REDIS_URL": redis_url,
@@ -132,12 +118,10 @@ def stack(database: str, redis_url: str) -> Iterator[Stack]:
                 "FLEET_ACCESS_LOG": "false",
             }
             config = str(_config(logs, engine, llama))
-            argv = ["-m", "fleet_core.gateway", "--config", config]
-            argv += ["--listen", f"{LOOPBACK}:{gateway}"]
-            _start(procs, "gateway", argv, gateway_env, f"http://127.0.0.1:{gateway}/healthz")
-            argv = ["-m", "fleet_core.gateway", "--demo", "--listen", f"127.0.0.1:{demo}"]
-            demo_env = {"FLEET_DEMO_TOKEN_DELAY_MS": "20", "FLEET_ACCESS_LOG": "false"}
-            _start(procs, "demo", argv, demo_env, f"http://127.0.0.1:{demo}/healthz")
+            args = ["--config", config]
+            processes.gateway(procs, gateway_env, args, host=LOOPBACK, port=gateway)
+            demo_env = {"FLEET_DEMO_TOKEN_DELAY_MS": "20"}
+            processes.gateway(procs, demo_env, ["--demo"], name="demo", port=demo)
             seeded = _seed(f"http://127.0.0.1:{api}", f"http://127.0.0.1:{gateway}", admin)
             yield Stack(
                 gateway=f"http://127.0.0.1:{gateway}",

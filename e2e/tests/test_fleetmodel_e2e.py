@@ -27,8 +27,9 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from fleet_testing import engines, generation, servers
 from fleet_testing.fix_kube import KubeCluster
-from fleet_testing.fleet_system import FM_NAME, MODEL, Fleet, eventually, running_fleet
+from fleet_testing.fleet_system import FM_NAME, MODEL, Fleet, running_fleet
 from fleet_testing.kubelet import fleet_images
+from fleet_testing.waiting import eventually_blocking
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -116,15 +117,17 @@ def test_kubectl_apply_brings_the_fleetmodel_to_ready(fleet: Fleet) -> None:
     assert fleet.engine_key.encode() not in b" ".join(argv)
     environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
     assert f"LLAMA_API_KEY={fleet.engine_key}".encode() in environ
-    eventually(lambda: fleet.endpoints() == [f"http://{ip}:8080"], what="the endpoint reported")
+    eventually_blocking(
+        lambda: fleet.endpoints() == [f"http://{ip}:8080"], what="the endpoint reported", within=60
+    )
     with fleet.client() as client:  # the gateway discovered it (polls every second)
-        eventually(
+        eventually_blocking(
             lambda: MODEL in [m.id for m in client.models.list()],
             within=30,
             what="the gateway routes the model",
         )
     # and its health check found the engine up (/readyz: some endpoint ready; gemma is the only)
-    eventually(lambda: gateway_ready(fleet.gateway), within=30, what="the gateway ready")
+    eventually_blocking(lambda: gateway_ready(fleet.gateway), within=30, what="the gateway ready")
 
 
 def test_a_chat_completion_through_the_gateway_is_real_generated_text(fleet: Fleet) -> None:
@@ -147,7 +150,7 @@ def test_the_ledger_holds_the_engines_usage_beside_the_gateways_count(fleet: Fle
         rows = fleet.ledger()
         return rows if len(rows) >= 2 else None
 
-    rows = eventually(both, what="ledger rows")
+    rows = eventually_blocking(both, what="ledger rows", within=60)
     assert [r["stream"] for r in rows] == [False, True]
     for row in rows:
         # ok for the stream too, though the SDK closes on [DONE], maybe before the engine's EOF
@@ -193,7 +196,7 @@ def route_until_served(fleet: Fleet, wanted: set[str], *, within: float = 60.0) 
             short_chat(client)
             return None
 
-        return eventually(sent_and_served, within=within, what=f"{sorted(wanted)} served")
+        return eventually_blocking(sent_and_served, within=within, what=f"{sorted(wanted)} served")
 
 
 def test_scaling_to_two_replicas_routes_to_both_without_a_gateway_restart(fleet: Fleet) -> None:
@@ -206,7 +209,9 @@ def test_scaling_to_two_replicas_routes_to_both_without_a_gateway_restart(fleet:
     pods = fleet.pods()
     urls = sorted(f"http://{p['status']['podIP']}:8080" for p in pods)
     assert len(set(urls)) == 2
-    eventually(lambda: fleet.endpoints() == urls, what="both endpoints reported")
+    eventually_blocking(
+        lambda: fleet.endpoints() == urls, what="both endpoints reported", within=60
+    )
     assert route_until_served(fleet, set(urls)) == set(urls)
     assert gateway.poll() is None  # the same process all along: no restart
     assert fleet.procs.started["gateway"] is gateway
@@ -260,7 +265,7 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_frame_and_com
     def streamed() -> list[dict[str, Any]]:
         return [r for r in fleet.ledger()[since:] if r["stream"]]
 
-    (row,) = eventually(streamed, what="the ledger row")
+    (row,) = eventually_blocking(streamed, what="the ledger row", within=60)
     assert row["outcome"] != "ok"
     assert row["gw_completion_tokens"] >= 3
     serving, name = killed["pod"], killed["pod"]["metadata"]["name"]
@@ -280,7 +285,7 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_frame_and_com
         }
     )
     # The stand-in restarts the engine in the same pod; it is ready and routed to again.
-    restarted = eventually(
+    restarted = eventually_blocking(
         lambda: [
             p
             for p in fleet.pods()
@@ -292,7 +297,7 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_frame_and_com
         what="the engine restarted and ready",
     )
     assert restarted[0]["status"]["podIP"] == serving["status"]["podIP"]
-    eventually(
+    eventually_blocking(
         lambda: url in fleet.endpoints() and len(fleet.endpoints()) == 2,
         within=60,
         what="back in the endpoints",
@@ -306,16 +311,18 @@ def test_deleting_the_fleetmodel_takes_its_endpoints_out_of_routing(fleet: Fleet
         for p in fleet.pods()
     ]
     fleet.kubectl("delete", "fm", FM_NAME, "--timeout=120s")
-    eventually(
-        lambda: fleet.endpoints() == [] or None, what="endpoints gone from the control plane"
+    eventually_blocking(
+        lambda: fleet.endpoints() == [] or None,
+        what="endpoints gone from the control plane",
+        within=60,
     )
     with fleet.client() as client:
-        eventually(
+        eventually_blocking(
             lambda: MODEL not in [m.id for m in client.models.list()],
             within=30,
             what="the gateway's routing table without the model",
         )
         with pytest.raises(openai.NotFoundError):
             short_chat(client)
-    eventually(lambda: not fleet.pods(), what="the pods gone")
+    eventually_blocking(lambda: not fleet.pods(), what="the pods gone", within=60)
     assert all(p is not None and p.poll() is not None for p in processes)

@@ -24,8 +24,9 @@ import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from fleet_testing import fleet_system, servers
+from fleet_testing import servers
 from fleet_testing.fix_proxy import ProxyFactory
+from fleet_testing.ports import free_port, free_ports
 
 ONLY_RUNNING = servers.Steps(env=False, embedded=False, container=False)
 ONLY_EMBEDDED = servers.Steps(env=False, running=False, container=False)
@@ -48,13 +49,6 @@ def _accepts(address: servers.Address) -> bool:
 def _enter(found: AbstractContextManager[servers.Server]) -> None:
     with found:
         pass
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # -- step 1: the environment variable ------------------------------------------------------------
@@ -184,7 +178,7 @@ def test_no_server_is_a_one_line_error(find: Finder, variable: str, how: str) ->
     if how == "denied":
         attempt = find({variable: "redis://ignored.invalid:1/0"}, steps=NOTHING)
     else:  # allowed, but no variable and nothing listening on the candidate port
-        closed = servers.Address("127.0.0.1", _closed_port())
+        closed = servers.Address("127.0.0.1", free_port())
         attempt = find({}, address=closed, steps=servers.Steps(embedded=False, container=False))
     with pytest.raises(servers.NoServerError) as caught:
         _enter(attempt)
@@ -286,8 +280,19 @@ def test_a_port_picked_for_a_later_server_is_outside_the_ephemeral_range() -> No
     """Outgoing connections take their local ports from the ephemeral range; a port picked for
     a server that starts later must not be one they can take meanwhile, nor one picked before."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    ports = [fleet_system.free_port() for _ in range(50)]
+    ports = [free_port() for _ in range(50)]
     assert len(set(ports)) == 50
     assert all(1024 <= port < low for port in ports)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", ports[-1]))  # and free to bind
+
+
+def test_ports_picked_in_pairs_are_both_free_and_never_handed_out_again() -> None:
+    """SeaweedFS derives its gRPC port from each HTTP port (+10000): both must be free, below
+    the ephemeral range, and neither handed out later."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    pairs = free_ports(5, also=10000)
+    taken = {*pairs, *(port + 10000 for port in pairs)}
+    assert len(taken) == 10
+    assert all(1024 <= port < low for port in taken)
+    assert not taken & {free_port() for _ in range(50)}

@@ -12,20 +12,19 @@ from __future__ import annotations
 import base64
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from fleet_testing.fix_kube import KubeCluster
 from fleet_testing.kubelet import Image, Kubelet, running_kubelet
+from fleet_testing.waiting import eventually_blocking
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-T = TypeVar("T")
 PYTHON_IMAGE = "fleet.test/python:3.11"
 SERVER = """
 import http.server, os, sys, pathlib
@@ -38,16 +37,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args): pass
 http.server.ThreadingHTTPServer((host, port), Handler).serve_forever()
 """
-
-
-def eventually(check: Callable[[], T | None], *, within: float = 30.0) -> T:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"not within {within} s")
 
 
 @pytest.fixture
@@ -138,7 +127,7 @@ def serving_one(
 ) -> tuple[str, dict[str, Any], subprocess.Popen[bytes]]:
     """Set up ``name`` with one replica and wait until it is ready: its address, pod and process."""
     setup(cluster, namespace, name)
-    (ip,) = eventually(lambda: ready_ips(cluster, namespace, name))
+    (ip,) = eventually_blocking(lambda: ready_ips(cluster, namespace, name), within=30)
     (pod,) = pods(cluster, namespace, name)
     process = kubelet.process(namespace, pod["metadata"]["name"], "server")
     assert process is not None
@@ -154,7 +143,7 @@ def test_pods_run_as_processes_with_their_init_containers_secrets_volumes_and_pr
         ips = ready_ips(kube_cluster, kube_namespace, "web")
         return ips if len(ips) == 2 else None
 
-    ips = eventually(both_ready)
+    ips = eventually_blocking(both_ready, within=30)
     assert all(ip.startswith(kubelet.prefix) for ip in ips)
     for ip in ips:  # the EndpointSlice controller's address answers: the pod's own process
         assert get(f"http://{ip}:8080/") == "hello world"
@@ -174,13 +163,17 @@ def test_a_killed_process_is_restarted_with_its_restart_count_and_back_in_the_en
     ip, pod, process = serving_one(kube_cluster, kube_namespace, kubelet, "web")
     assert container(pod, "server")["containerID"] == f"process://{process.pid}"
     process.kill()
-    eventually(lambda: not ready_ips(kube_cluster, kube_namespace, "web"))  # out of rotation
-    restarted = eventually(lambda: (p := pods(kube_cluster, kube_namespace, "web")[0]) and
-                           container(p, "server")["ready"] and p)  # fmt: skip
+    eventually_blocking(
+        lambda: not ready_ips(kube_cluster, kube_namespace, "web"), within=30
+    )  # out of rotation
+    restarted = eventually_blocking(lambda: (p := pods(kube_cluster, kube_namespace, "web")[0]) and
+                           container(p, "server")["ready"] and p, within=30)  # fmt: skip
     status = container(restarted, "server")
     assert status["restartCount"] == 1
     assert status["lastState"]["terminated"]["exitCode"] == 137  # SIGKILL
-    assert eventually(lambda: ready_ips(kube_cluster, kube_namespace, "web")) == {ip}
+    assert eventually_blocking(
+        lambda: ready_ips(kube_cluster, kube_namespace, "web"), within=30
+    ) == {ip}
     assert get(f"http://{ip}:8080/") == "hello world"
 
 
@@ -193,7 +186,9 @@ def test_an_unknown_image_is_image_pull_back_off(
         found = pods(kube_cluster, kube_namespace, "ghost")
         return found[0] if waiting(found).get("reason") == "ImagePullBackOff" else None
 
-    pod = eventually(pulling)  # once its init container (a known image) has completed
+    pod = eventually_blocking(
+        pulling, within=30
+    )  # once its init container (a known image) has completed
     state = container(pod, "server")["state"]["waiting"]
     assert "registry.invalid/ghost:1" in state["message"]
     assert pod["status"]["phase"] == "Pending"
@@ -208,10 +203,10 @@ def test_a_missing_secret_is_create_container_config_error_until_it_exists(
         state = waiting(pods(kube_cluster, kube_namespace, "web"))
         return state if state.get("reason") == "CreateContainerConfigError" else None
 
-    assert eventually(config_error)["message"] == 'secret "word" not found'
+    assert eventually_blocking(config_error, within=30)["message"] == 'secret "word" not found'
     setup_secret = {"metadata": {"name": "word"}, "data": {"w": base64.b64encode(b"you").decode()}}
     kube_cluster.create(f"/api/v1/namespaces/{kube_namespace}/secrets", setup_secret)
-    (ip,) = eventually(lambda: ready_ips(kube_cluster, kube_namespace, "web"))
+    (ip,) = eventually_blocking(lambda: ready_ips(kube_cluster, kube_namespace, "web"), within=30)
     assert get(f"http://{ip}:8080/") == "hello you"
 
 
@@ -227,13 +222,13 @@ def test_a_pod_no_node_fits_is_unschedulable_with_the_schedulers_message(
                 return dict(condition)
         return None
 
-    condition = eventually(unschedulable)
+    condition = eventually_blocking(unschedulable, within=30)
     assert condition["reason"] == "Unschedulable"
     assert condition["message"] == "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
     setup_small = deployment("small", gpus=2)
     kube_cluster.create(f"/apis/apps/v1/namespaces/{kube_namespace}/deployments", setup_small)
-    small = eventually(lambda: (p := pods(kube_cluster, kube_namespace, "small")) and
-                       p[0]["spec"].get("nodeName") and p[0])  # fmt: skip
+    small = eventually_blocking(lambda: (p := pods(kube_cluster, kube_namespace, "small")) and
+                       p[0]["spec"].get("nodeName") and p[0], within=30)  # fmt: skip
     assert small["spec"]["nodeName"] == kubelet.gpu_node
 
 
@@ -243,7 +238,7 @@ def test_a_deleted_deployment_stops_its_processes_and_its_pods_go(
     ip, _, process = serving_one(kube_cluster, kube_namespace, kubelet, "web")
     kube_cluster.request("DELETE", f"/apis/apps/v1/namespaces/{kube_namespace}/deployments/web",
                          {"propagationPolicy": "Foreground"})  # fmt: skip
-    eventually(lambda: not pods(kube_cluster, kube_namespace, "web"))
+    eventually_blocking(lambda: not pods(kube_cluster, kube_namespace, "web"), within=30)
     assert process.poll() is not None
     with pytest.raises(OSError, match="Connection refused"):
         get(f"http://{ip}:8080/")

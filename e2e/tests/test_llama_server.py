@@ -9,16 +9,13 @@ engine (minutes); with the cache warm the whole module takes well under a minute
 from __future__ import annotations
 
 import re
-import subprocess
-import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
-from fleet_testing import engines, generation
-from fleet_testing.gateway_process import fleet_gateway
+from fleet_testing import engines, generation, processes
 
 pytestmark = pytest.mark.e2e
 
@@ -43,30 +40,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[engines.LlamaSe
 @pytest.fixture(scope="module")
 def gateway(engine: engines.LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """fleet-gateway as a process, with one static llamacpp upstream holding the engine's key."""
-    config = tmp_path_factory.mktemp("gateway") / "fleet.yaml"
-    config.write_text(
-        "upstreams:\n"
-        f"  - id: gemma\n    model: {MODEL}\n    engine: llamacpp\n"
-        f"    base_url: {engine.url}\n    api_key: {ENGINE_KEY}\n"
-    )
-    with fleet_gateway(config) as (url, process):
-        _until_routable(url, process)
-        yield url
-
-
-def _until_routable(url: str, process: subprocess.Popen[bytes]) -> None:
-    """Up, and the upstream checked healthy (the gateway's first health round)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "fleet-gateway exited"
-        try:
-            health = httpx.get(f"{url}/health", timeout=2)
-            if health.status_code == 200 and "true" in health.text.lower():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"gateway never saw the engine healthy: {health.text}")
+    upstream = {"id": "gemma", "model": MODEL, "engine": "llamacpp", "base_url": engine.url}
+    with processes.processes(tmp_path_factory.mktemp("gateway")) as procs:
+        yield processes.gateway_in_front(procs, upstream | {"api_key": ENGINE_KEY})
 
 
 @pytest.fixture

@@ -23,31 +23,10 @@ from typing import Any
 import openai
 import pytest
 
+from fleet_testing.ports import free_block
+
 START_TIMEOUT_S = 90
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_block(size: int) -> int:
-    """The first of ``size`` consecutive free ports (the stub engines take a block)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = int(probe.getsockname()[1])
-        if first + size >= 65535:
-            continue
-        try:
-            held = []
-            for port in range(first, first + size):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise RuntimeError("no block of free ports")
 
 
 def _answers(url: str) -> bool:
@@ -77,7 +56,7 @@ def workdir() -> Iterator[Path]:
 
 @pytest.fixture
 def dev(workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, str]]]:
-    base = _free_block(7)
+    base = free_block(7)
     ports = {
         "FLEET_DEV_PORT": base,
         "FLEET_DEV_ENGINE_PORT": base + 1,  # + 2, + 3

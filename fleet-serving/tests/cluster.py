@@ -77,9 +77,9 @@ class Cluster:
 
 
 class KmockCluster(Cluster):
-    def __init__(self, kube: FleetKubernetes, api: Any, kubeconfig: Path) -> None:
+    def __init__(self, kube: FleetKubernetes, kube_api: Any, kubeconfig: Path) -> None:
         self.kube = kube
-        self.api = api
+        self.api = kube_api
         self.kubeconfig = kubeconfig
 
     def live(self, plural: str, name: str, namespace: str = "default") -> dict[str, Any] | None:

@@ -13,12 +13,11 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import kmock
@@ -29,36 +28,20 @@ from aiohttp import web
 import fleet_contract
 from fleet_contract import InventoryReport
 from fleet_serving import crd
+from fleet_testing import plugins
 from fleet_testing.fix_kube import KubeCluster
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import eventually
 
 from .cluster import Cluster, KmockCluster, RealCluster
 from .kube_emulator import FleetKubernetes, declare_resources
 
-T = TypeVar("T")
 KUBECTL = shutil.which("kubectl")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def eventually(check: Callable[[], T | None], *, within: float = 20.0) -> T:
-    """Poll ``check`` until it returns something truthy; fail after ``within`` seconds.
-
-    The operator runs in another process and the fake API has no hook for "the operator did X", so
-    the observable state is polled at a short interval (never a fixed sleep standing in for it).
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        result = check()
-        if result:
-            return result
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {within}s")
-        await asyncio.sleep(0.05)
+def pytest_configure(config: pytest.Config) -> None:
+    """The harness fixtures these tests use (see :mod:`fleet_testing.plugins`)."""
+    plugins.load(config, "fix_auth", "fix_postgres", "fix_s3", "fix_kube")
 
 
 @pytest.fixture
@@ -228,23 +211,21 @@ async def start_operator(
 
 async def _wait_alive(operator: Operator, *, within: float = 60.0) -> None:
     """Poll the liveness endpoint; a loaded 2-core machine can take tens of seconds to import."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
     async with aiohttp.ClientSession() as session:
-        while loop.time() < deadline:
+
+        async def alive() -> bool:
             if operator.process.returncode is not None:
                 raise AssertionError(f"operator exited:\n{operator.output()}")
             try:
                 async with session.get(operator.liveness) as response:
-                    if response.status == 200:
-                        return
+                    return response.status == 200
             except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"operator never became alive:\n{operator.output()}")
+                return False
+
+        await eventually(alive, within=within, what=f"the operator alive at {operator.liveness}")
 
 
-class Api:
+class KubeApi:
     """A plain HTTP client for the fake API, playing kubectl and the cluster's controllers."""
 
     def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
@@ -268,9 +249,9 @@ class Api:
 
 
 @pytest.fixture
-async def api(kube_url: str) -> AsyncIterator[Api]:
+async def kube_api(kube_url: str) -> AsyncIterator[KubeApi]:
     async with aiohttp.ClientSession() as session:
-        yield Api(session, kube_url)
+        yield KubeApi(session, kube_url)
 
 
 def live(kube: FleetKubernetes, plural: str, name: str) -> dict[str, Any] | None:
@@ -362,8 +343,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """The API an end-to-end test runs against: kmock, then a real API server."""
     if request.param == "kmock":
         kube = request.getfixturevalue("kube")
-        api = request.getfixturevalue("api")
-        yield KmockCluster(kube, api, request.getfixturevalue("kubeconfig"))
+        kube_api = request.getfixturevalue("kube_api")
+        yield KmockCluster(kube, kube_api, request.getfixturevalue("kubeconfig"))
         return
     yield request.getfixturevalue("real_cluster")
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 import pytest
 
 from fleet_testing.fix_kube import KubeCluster, KubeError
+from fleet_testing.waiting import eventually
 
 from .cluster import Cluster, RealCluster
 from .conftest import (
     FM,
     NODES,
     SERVICES,
-    Api,
+    KubeApi,
     Sink,
     StartOperator,
-    eventually,
     fleetmodel,
     gpu_node,
     live,
@@ -25,7 +25,7 @@ from .conftest import (
 )
 from .kube_emulator import FleetKubernetes
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
 def foreign_service(name: str) -> dict[str, object]:
@@ -46,7 +46,7 @@ async def test_a_foreign_object_is_never_adopted_and_the_status_names_it(
     await start_operator(sink[1], "--resync=1s", "--report-interval=30s")
     await cluster.create(FM, fleetmodel("qwen"))
 
-    status = await eventually(lambda: cluster.phase_of("qwen", "Failed"))
+    status = await eventually(lambda: cluster.phase_of("qwen", "Failed"), within=20)
     assert status["reason"] == "ForeignObject"
     assert f"Service {cluster.namespace}/qwen exists and is not controlled" in status["message"]
     service = cluster.live("services", "qwen")
@@ -64,11 +64,11 @@ async def test_a_foreign_object_is_never_adopted_and_the_status_names_it(
 
     # Once the foreign Service is gone, the model gets its own.
     await cluster.delete(f"{SERVICES}/qwen")
-    await eventually(lambda: cluster.live("services", "qwen") is None)
+    await eventually(lambda: cluster.live("services", "qwen") is None, within=20)
     await cluster.create(FM, fleetmodel("qwen"))
-    ours = await eventually(lambda: cluster.live("services", "qwen"))
+    ours = await eventually(lambda: cluster.live("services", "qwen"), within=20)
     assert ours["metadata"]["ownerReferences"][0]["kind"] == "FleetModel"
-    await eventually(lambda: cluster.phase_of("qwen", "Pending"))
+    await eventually(lambda: cluster.phase_of("qwen", "Pending"), within=20)
 
 
 @pytest.mark.parametrize("name", ["7b", "llama-3.1-8b", "qwen2.5-7b"])
@@ -85,14 +85,14 @@ def test_the_crd_refuses_names_a_service_cannot_have(
 
 
 async def test_a_name_a_service_cannot_have_fails_up_front_without_the_crd_rule(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    kube: FleetKubernetes, kube_api: KubeApi, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
     """Where the CRD's rule is not enforced (an older CRD; kmock), the operator refuses the name
     itself before making anything, instead of a Deployment and a Service refused forever."""
-    await api.create(NODES, gpu_node("gpu-1"))
+    await kube_api.create(NODES, gpu_node("gpu-1"))
     await start_operator(sink[1], "--resync=1s", "--report-interval=30s")
-    await api.create(FM, fleetmodel("qwen2.5-7b"))
-    status = await eventually(lambda: phase_of(kube, "qwen2.5-7b", "Failed"))
+    await kube_api.create(FM, fleetmodel("qwen2.5-7b"))
+    status = await eventually(lambda: phase_of(kube, "qwen2.5-7b", "Failed"), within=20)
     assert status["reason"] == "InvalidSpec"
     assert "DNS-1035" in status["message"]
     assert live(kube, "deployments", "qwen2.5-7b") is None
@@ -107,7 +107,7 @@ async def test_an_object_the_api_server_refuses_is_a_permanent_failure_in_the_st
     await cluster.create(NODES, gpu_node("gpu-1"))
     await start_operator(sink[1], "--report-interval=30s")
     await cluster.create(FM, fleetmodel("qwen", nodeSelector={"not a label key": "x"}))
-    status = await eventually(lambda: cluster.phase_of("qwen", "Failed"))
+    status = await eventually(lambda: cluster.phase_of("qwen", "Failed"), within=20)
     assert status["reason"] == "Rejected"
     assert "422" in status["message"]
     assert "nodeSelector" in status["message"]

@@ -10,9 +10,6 @@ kmock and against a real API server (``cluster``).
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,40 +17,22 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fleet_testing import processes
+from fleet_testing.waiting import eventually
+
 from .cluster import Cluster
-from .conftest import FM, NODES, StartOperator, cpu_node, fleetmodel, free_port, issue_credential
+from .conftest import FM, NODES, StartOperator, cpu_node, fleetmodel, issue_credential
 from .conftest import gpu_node as a_gpu_node
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 
 @pytest.fixture
 async def control_plane(tmp_path: Path, admin_token: str) -> AsyncIterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "apiserver.log").open("wb")
-    argv = [sys.executable, "-m", "fleet_core.control_plane", "--listen", f"127.0.0.1:{port}"]
-    # No database: the apiserver keeps inventory in memory (whatever FLEET_* this shell has).
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env["FLEET_ADMIN_TOKEN"] = admin_token
-    process = await asyncio.create_subprocess_exec(
-        *argv, stdout=log, stderr=subprocess.STDOUT, env=env
-    )
-    try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(400):
-                assert process.returncode is None, (tmp_path / "apiserver.log").read_text()
-                try:
-                    async with session.get(f"{url}/healthz") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.05)
-        yield url
-    finally:
-        process.terminate()
-        await asyncio.wait_for(process.wait(), timeout=10)
-        log.close()
+    """A control plane process without a database: it keeps inventory in memory."""
+    with processes.processes(tmp_path) as procs:
+        env = {"FLEET_ADMIN_TOKEN": admin_token}
+        yield await asyncio.to_thread(processes.control_plane, procs, env)
 
 
 async def operator_credential(control_plane: str, admin_token: str, cluster: str) -> str:
@@ -64,16 +43,16 @@ async def operator_credential(control_plane: str, admin_token: str, cluster: str
 
 async def until_reported(url: str, token: str, *, within: float = 20.0) -> dict[str, Any]:
     """GET the cluster from the control plane until its report lists a deployment."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
-        while loop.time() < deadline:
+
+        async def reported() -> dict[str, Any] | None:
             async with session.get(url) as response:
                 body = await response.json() if response.status == 200 else {}
-            if body.get("report", {}).get("deployments"):
-                return dict(body["report"])
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"no report with a deployment at {url} within {within}s")
+            return dict(body["report"]) if body.get("report", {}).get("deployments") else None
+
+        return await eventually(
+            reported, within=within, what=f"a report with a deployment at {url}"
+        )
 
 
 async def test_a_real_control_plane_accepts_the_report(

@@ -7,7 +7,7 @@ and llama-server, requires that variable's key on ``/v1``) runs with it on loopb
 own ``ClusterView`` builds the inventory report, PUT with an ``operator`` credential to a real
 control plane on Postgres. A real gateway in discovery mode then serves the model to the official
 ``openai`` SDK — with ``FLEET_ENGINE_KEY_FILE``, the same Secret's file; without it, the engine's
-401 is what a client gets (issue 16, item 1: the failure before ADR 0010).
+401 is what a client gets (the failure before ADR 0010).
 
 fleet-core runs as subprocesses, started by module name; nothing of it is imported (P7).
 """
@@ -17,10 +17,9 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,11 +33,14 @@ from fleet_contract import encode_report
 from fleet_serving import profiles, rendering
 from fleet_serving.spec import decode_spec
 from fleet_serving.view import ClusterView
+from fleet_testing import processes
+from fleet_testing.processes import Processes
+from fleet_testing.waiting import eventually
 
-from .conftest import cpu_node, fleetmodel, free_port, issue_credential
+from .conftest import cpu_node, fleetmodel, issue_credential
 from .test_control_plane_e2e import operator_credential
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 MODEL = "gemma"
 NAMESPACE = "models"
@@ -68,53 +70,11 @@ def kubelet_env(container: dict[str, Any], secrets_: dict[str, dict[str, str]]) 
     return env
 
 
-def text_of(log: Path) -> str:
-    return log.read_text()
-
-
-async def wait_port(port: int, process: asyncio.subprocess.Process, log: Path) -> None:
-    for _ in range(600):
-        assert process.returncode is None, text_of(log)
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"nothing listens on {port}: {text_of(log)}")
-
-
-Start = Callable[[str, list[str], dict[str, str]], Awaitable[tuple[int, Path]]]
-
-
 @pytest.fixture
-async def start(tmp_path: Path) -> AsyncIterator[Start]:
-    """Start ``python -m <module> <args> --listen/--port`` with a clean FLEET_* environment."""
-    processes: list[asyncio.subprocess.Process] = []
-
-    async def run(module: str, args: list[str], extra: dict[str, str]) -> tuple[int, Path]:
-        port = free_port()
-        log = tmp_path / f"{module}-{port}.log"
-        flag = (
-            ["--port", str(port)] if "stub_engine" in module else ["--listen", f"127.0.0.1:{port}"]
-        )
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "VLLM_", "LLAMA_"))
-        }
-        with log.open("wb") as out:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", module, *args, *flag,
-                stdout=out, stderr=subprocess.STDOUT, env=env | extra,
-            )  # fmt: skip
-        processes.append(process)
-        await wait_port(port, process, log)
-        return port, log
-
-    yield run
-    for process in processes:
-        if process.returncode is None:
-            process.terminate()
-    for process in processes:
-        await asyncio.wait_for(process.wait(), timeout=15)
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    """The processes this test starts (engine, control plane, gateways), stopped at its end."""
+    with processes.processes(tmp_path) as started:
+        yield started
 
 
 async def report_as_the_operator(control_plane: str, token: str, model: dict[str, Any],
@@ -143,7 +103,7 @@ async def report_as_the_operator(control_plane: str, token: str, model: dict[str
 
 @asynccontextmanager
 async def discovered_engine(
-    start: Start, postgres_url: str, admin_token: str, engine_key: str
+    procs: Processes, postgres_url: str, admin_token: str, engine_key: str
 ) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
     """A rendered engine running with its Secret's key, reported to a control plane on
     Postgres; yields the control plane's URL, a gateway credential and the engine container."""
@@ -151,29 +111,28 @@ async def discovered_engine(
     model["metadata"] = {"name": MODEL, "namespace": NAMESPACE, "generation": 1}
     container = rendered_engine(model)
     env = kubelet_env(container, {"fleet-engine-key": {"api-key": engine_key}})
-    engine_port, _ = await start(
-        "fleet_core.devtools.stub_engine", ["--model", MODEL, "--profile", "llamacpp"], env
-    )
-    cp_port, _ = await start(
-        "fleet_core.control_plane", [],
-        {"FLEET_DATABASE_URL": postgres_url, "FLEET_ADMIN_TOKEN": admin_token},
-    )  # fmt: skip
-    control_plane = f"http://127.0.0.1:{cp_port}"
+    args = ["--model", MODEL, "--profile", "llamacpp"]
+    engine = await asyncio.to_thread(processes.stub_engine, procs, args, env=env)
+    engine_port = int(engine.rsplit(":", 1)[1])
+    plane = {"FLEET_DATABASE_URL": postgres_url, "FLEET_ADMIN_TOKEN": admin_token}
+    control_plane = await asyncio.to_thread(processes.control_plane, procs, plane)
     operator = await operator_credential(control_plane, admin_token, "test")
     await report_as_the_operator(control_plane, operator, model, engine_port)
     gateway = await issue_credential(control_plane, admin_token, {"role": "gateway", "label": "gw"})
     yield control_plane, gateway, container
 
 
-async def gateway_client(start: Start, env: dict[str, str]) -> tuple[openai.AsyncOpenAI, Path]:
-    port, log = await start("fleet_core.gateway", [], env)
-    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
-                                max_retries=0, timeout=20)  # fmt: skip
-    for _ in range(400):  # discovery polls the control plane every second
-        if [m.id async for m in client.models.list()] == [MODEL]:
-            return client, log
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the gateway never discovered {MODEL}: {text_of(log)}")
+async def gateway_client(
+    procs: Processes, env: dict[str, str], name: str
+) -> tuple[openai.AsyncOpenAI, Path]:
+    url = await asyncio.to_thread(processes.gateway, procs, env, name=name)
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=20)
+
+    async def discovered() -> bool:  # discovery polls the control plane every second
+        return [m.id async for m in client.models.list()] == [MODEL]
+
+    await eventually(discovered, within=20, what=f"the gateway {name} discovering {MODEL}")
+    return client, procs.logs / f"{name}.log"
 
 
 def chat(client: openai.AsyncOpenAI) -> Awaitable[Any]:
@@ -183,10 +142,10 @@ def chat(client: openai.AsyncOpenAI) -> Awaitable[Any]:
 
 
 async def test_the_gateway_serves_a_discovered_operator_rendered_engine_with_the_namespace_key(
-    start: Start, postgres_url: str, admin_token: str, tmp_path: Path
+    procs: Processes, postgres_url: str, admin_token: str, tmp_path: Path
 ) -> None:
     engine_key = secrets.token_hex(32)
-    async with discovered_engine(start, postgres_url, admin_token, engine_key) as found:
+    async with discovered_engine(procs, postgres_url, admin_token, engine_key) as found:
         control_plane, token, container = found
         # The operator's default: the namespace's fleet-engine-key Secret, key api-key.
         (key_var,) = [v for v in container["env"] if v["name"] == "LLAMA_API_KEY"]
@@ -198,9 +157,8 @@ async def test_the_gateway_serves_a_discovered_operator_rendered_engine_with_the
         mounted.parent.mkdir()
         mounted.write_text(engine_key)
         discovery = {"FLEET_CONTROL_PLANE_URL": control_plane, "FLEET_CONTROL_PLANE_TOKEN": token}
-        client, log = await gateway_client(
-            start, discovery | {"FLEET_ENGINE_KEY_FILE": str(mounted)}
-        )
+        keyed = discovery | {"FLEET_ENGINE_KEY_FILE": str(mounted)}
+        client, log = await gateway_client(procs, keyed, "gateway")
         reply = await chat(client)
         assert reply.choices[0].message.content
         assert reply.usage is not None
@@ -213,7 +171,7 @@ async def test_the_gateway_serves_a_discovered_operator_rendered_engine_with_the
 
         # Today's main: the same discovered engine, no key file — the engine's 401 reaches the
         # client although /v1/models lists the model (health needs no key).
-        keyless, keyless_log = await gateway_client(start, discovery)
+        keyless, keyless_log = await gateway_client(procs, discovery, "gateway-keyless")
         with pytest.raises(openai.APIStatusError) as refused:
             await chat(keyless)
         await keyless.close()

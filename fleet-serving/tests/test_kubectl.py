@@ -17,9 +17,10 @@ import yaml
 
 from fleet_serving import crd
 from fleet_testing.fix_kube import KubeCluster
+from fleet_testing.waiting import eventually
 
 from .cluster import Cluster, RealCluster
-from .conftest import NODES, StartOperator, eventually, fleetmodel, gpu_node
+from .conftest import NODES, StartOperator, fleetmodel, gpu_node
 
 KUBECTL = shutil.which("kubectl")
 pytestmark = [
@@ -58,11 +59,11 @@ async def test_kubectl_applies_the_crd_and_a_fleetmodel(
     fm_file.write_text(yaml.safe_dump(model))
     out = await kubectl(cluster.kubeconfig, cache, "apply", validate, namespace, "-f", str(fm_file))
     assert "fleetmodel.serving.fleet.dev/qwen" in out
-    deployment = await eventually(lambda: cluster.live("deployments", "qwen"))
+    deployment = await eventually(lambda: cluster.live("deployments", "qwen"), within=20)
     assert deployment["spec"]["replicas"] == 2
     if not cluster.real:
         return
-    await eventually(lambda: cluster.phase_of("qwen", "Pending"))
+    await eventually(lambda: cluster.phase_of("qwen", "Pending"), within=20)
     table = await kubectl(cluster.kubeconfig, cache, "get", "fm", namespace)
     header, row = table.splitlines()
     assert header.split() == ["NAME", "MODEL", "ENGINE", "REPLICAS", "READY", "PHASE", "AGE"]

@@ -18,12 +18,13 @@ import pytest
 from kmock import action
 
 from fleet_contract import InventoryReport
+from fleet_testing.waiting import eventually
 
 from .cluster import RealCluster
-from .conftest import FM, NODES, Api, Sink, StartOperator, eventually, fleetmodel, gpu_node
+from .conftest import FM, NODES, KubeApi, Sink, StartOperator, fleetmodel, gpu_node
 from .kube_emulator import FleetKubernetes
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 WATCHED = "team-a"
 WATCHED_FM = f"/apis/serving.fleet.dev/v1alpha1/namespaces/{WATCHED}/fleetmodels"
@@ -64,22 +65,22 @@ def listed_or_watched(kube: FleetKubernetes) -> set[tuple[str, str | None]]:
 
 
 async def test_only_the_watched_namespace_is_reconciled_and_reported(
-    kube: FleetKubernetes, api: Api, sink: tuple[Sink, str], start_operator: StartOperator
+    kube: FleetKubernetes, kube_api: KubeApi, sink: tuple[Sink, str], start_operator: StartOperator
 ) -> None:
     state, url = sink
-    await api.create(NODES, gpu_node("gpu-1"))
+    await kube_api.create(NODES, gpu_node("gpu-1"))
     # kopf lists the named namespaces before it watches in them, as a real cluster would have them.
-    await api.create("/api/v1/namespaces", {"metadata": {"name": WATCHED}})
+    await kube_api.create("/api/v1/namespaces", {"metadata": {"name": WATCHED}})
     await start_operator(url, f"--namespace={WATCHED}", "--resync=1s", "--report-interval=30s")
     # The unwatched one first: an operator that saw it would get to it no later than the other.
-    unwatched = await api.create(FM, fleetmodel("qwen"))
-    await api.create(WATCHED_FM, in_namespace(fleetmodel("qwen"), WATCHED))
+    unwatched = await kube_api.create(FM, fleetmodel("qwen"))
+    await kube_api.create(WATCHED_FM, in_namespace(fleetmodel("qwen"), WATCHED))
 
-    deployment = await eventually(lambda: live(kube, "deployments", WATCHED, "qwen"))
+    deployment = await eventually(lambda: live(kube, "deployments", WATCHED, "qwen"), within=20)
     assert deployment["metadata"]["namespace"] == WATCHED
-    status = await eventually(lambda: status_of(kube, WATCHED, "qwen"))
+    status = await eventually(lambda: status_of(kube, WATCHED, "qwen"), within=20)
     assert status["phase"] == "Pending"
-    report = await eventually(lambda: with_deployments(state))
+    report = await eventually(lambda: with_deployments(state), within=20)
 
     # The operator has demonstrably been running; the other namespace's model was left alone.
     assert live(kube, "deployments", "default", "qwen") is None
@@ -120,11 +121,11 @@ async def test_on_a_real_api_server_only_the_watched_namespace_is_reconciled(
     )
     await real_cluster.create(FM, fleetmodel("qwen"))
 
-    deployment = await eventually(lambda: real_cluster.live("deployments", "qwen"))
+    deployment = await eventually(lambda: real_cluster.live("deployments", "qwen"), within=20)
     assert deployment["metadata"]["namespace"] == watched
-    status = await eventually(lambda: real_cluster.phase_of("qwen", "Pending"))
+    status = await eventually(lambda: real_cluster.phase_of("qwen", "Pending"), within=20)
     assert status["phase"] == "Pending"
-    report = await eventually(lambda: with_deployments(state))
+    report = await eventually(lambda: with_deployments(state), within=20)
 
     assert real_cluster.live("deployments", "qwen", other_namespace) is None
     assert real_cluster.live("services", "qwen", other_namespace) is None

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from fleet_contract import InventoryReport
+from fleet_testing.waiting import eventually
 
 from .cluster import Cluster
 from .conftest import (
@@ -27,12 +28,11 @@ from .conftest import (
     Sink,
     StartOperator,
     cpu_node,
-    eventually,
     fleetmodel,
     gpu_node,
 )
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
 async def started(
@@ -55,8 +55,8 @@ async def test_a_fleetmodel_becomes_a_deployment_a_service_and_ready(
     state, _ = await started(cluster, sink, start_operator, gpu_node("gpu-1"))
     await cluster.create(FM, fleetmodel("qwen"))
 
-    deployment = await eventually(lambda: cluster.live("deployments", "qwen"))
-    service = await eventually(lambda: cluster.live("services", "qwen"))
+    deployment = await eventually(lambda: cluster.live("deployments", "qwen"), within=20)
+    service = await eventually(lambda: cluster.live("services", "qwen"), within=20)
     fm = cluster.live("fleetmodels", "qwen")
     assert fm is not None
     owner = deployment["metadata"]["ownerReferences"][0]
@@ -74,12 +74,12 @@ async def test_a_fleetmodel_becomes_a_deployment_a_service_and_ready(
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
     assert service["spec"]["ports"][0]["port"] == 8000
-    await eventually(lambda: cluster.phase_of("qwen", "Pending"))
+    await eventually(lambda: cluster.phase_of("qwen", "Pending"), within=20)
 
     # One pod is ready: the Deployment and EndpointSlice controllers report it.
     await cluster.serve("qwen", ["10.1.2.3"])
     status = await eventually(
-        lambda: (s := cluster.phase_of("qwen", "Ready")) and s["endpoints"] and s
+        lambda: (s := cluster.phase_of("qwen", "Ready")) and s["endpoints"] and s, within=20
     )
     assert status["readyReplicas"] == 1
     assert status["endpoints"] == ["http://10.1.2.3:8000"]
@@ -90,7 +90,7 @@ async def test_a_fleetmodel_becomes_a_deployment_a_service_and_ready(
     def ready(report: InventoryReport) -> bool:
         return any(d.endpoints and d.phase == "Ready" for d in report.deployments)
 
-    report = await eventually(lambda: reported(state, ready))
+    report = await eventually(lambda: reported(state, ready), within=20)
     (model,) = report.deployments
     assert (model.served_model_name, model.engine, model.ready_replicas) == ("qwen", "vllm", 1)
     assert [e.url for e in model.endpoints] == ["http://10.1.2.3:8000"]
@@ -101,11 +101,12 @@ async def test_scaling_and_drift_update_the_deployment(
 ) -> None:
     await started(cluster, sink, start_operator, gpu_node("gpu-1"))
     await cluster.create(FM, fleetmodel("qwen"))
-    await eventually(lambda: cluster.live("deployments", "qwen"))
+    await eventually(lambda: cluster.live("deployments", "qwen"), within=20)
 
     await cluster.patch(f"{FM}/qwen", {"spec": {"replicas": 3, "engineArgs": ["--max-num-seqs=8"]}})
     scaled = await eventually(
-        lambda: (d := cluster.live("deployments", "qwen")) and d["spec"]["replicas"] == 3 and d
+        lambda: (d := cluster.live("deployments", "qwen")) and d["spec"]["replicas"] == 3 and d,
+        within=20,
     )
     assert scaled["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--max-num-seqs=8"
 
@@ -117,7 +118,8 @@ async def test_scaling_and_drift_update_the_deployment(
             (d := cluster.live("deployments", "qwen"))
             and d["spec"]["template"]["spec"]["containers"][0]["image"] != "evil"
             and d
-        )
+        ),
+        within=20,
     )
     assert restored["spec"]["template"]["spec"]["containers"][0]["image"].startswith("vllm/")
 
@@ -127,7 +129,7 @@ async def test_a_field_removed_from_the_spec_is_removed_from_the_deployment(
 ) -> None:
     await started(cluster, sink, start_operator, gpu_node("gpu-1"))
     await cluster.create(FM, fleetmodel("qwen", nodeSelector={"pool": "h100", "zone": "a"}))
-    created = await eventually(lambda: cluster.live("deployments", "qwen"))
+    created = await eventually(lambda: cluster.live("deployments", "qwen"), within=20)
     assert created["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "h100", "zone": "a"}
 
     await cluster.patch(f"{FM}/qwen", {"spec": {"nodeSelector": {"pool": None}}})
@@ -136,7 +138,8 @@ async def test_a_field_removed_from_the_spec_is_removed_from_the_deployment(
             (d := cluster.live("deployments", "qwen"))
             and d["spec"]["template"]["spec"].get("nodeSelector") == {"zone": "a"}
             and d
-        )
+        ),
+        within=20,
     )
     assert narrowed["spec"]["replicas"] == 1
     await cluster.patch(f"{FM}/qwen", {"spec": {"nodeSelector": None}})
@@ -144,7 +147,8 @@ async def test_a_field_removed_from_the_spec_is_removed_from_the_deployment(
         lambda: (
             (d := cluster.live("deployments", "qwen"))
             and "nodeSelector" not in d["spec"]["template"]["spec"]
-        )
+        ),
+        within=20,
     )
 
 
@@ -157,7 +161,7 @@ async def test_a_quantity_the_api_server_rewrote_is_not_patched_back(
 ) -> None:
     _, operator = await started(cluster, sink, start_operator, gpu_node("gpu-1"))
     await cluster.create(FM, fleetmodel("qwen", resources={"requests": {"cpu": "0.5"}}))
-    created = await eventually(lambda: cluster.live("deployments", "qwen"))
+    created = await eventually(lambda: cluster.live("deployments", "qwen"), within=20)
     if not cluster.real:
         # What a real API server stores for "0.5" is the canonical "500m" (a merge patch replaces
         # the containers list whole, so the whole list is sent).
@@ -182,20 +186,21 @@ async def test_no_fitting_node_is_scheduling_not_pending(
         cluster, sink, start_operator, gpu_node("p100", major=6, minor=0), cpu_node("cpu-1")
     )
     await cluster.create(FM, fleetmodel("qwen"))
-    status = await eventually(lambda: cluster.phase_of("qwen", "Scheduling"))
+    status = await eventually(lambda: cluster.phase_of("qwen", "Scheduling"), within=20)
     assert "compute capability ≥ 7.5" in status["message"]
 
     await cluster.create(FM, fleetmodel("big", gpusPerReplica=16))
     await cluster.create(NODES, gpu_node("a100", gpus=8))
     too_big = "needs 16 GPUs per replica; the largest eligible node has 8"
     await eventually(
-        lambda: (s := cluster.phase_of("big", "Scheduling")) and s["message"] == too_big
+        lambda: (s := cluster.phase_of("big", "Scheduling")) and s["message"] == too_big, within=20
     )
     # The new node fixes the first model: it is placed now, so Pending (starting), not Scheduling.
-    await eventually(lambda: cluster.phase_of("qwen", "Pending"))
+    await eventually(lambda: cluster.phase_of("qwen", "Pending"), within=20)
     phases = {"big": "Scheduling", "qwen": "Pending"}
     report = await eventually(
-        lambda: reported(state, lambda r: {d.name: d.phase for d in r.deployments} == phases)
+        lambda: reported(state, lambda r: {d.name: d.phase for d in r.deployments} == phases),
+        within=20,
     )
     assert len(report.nodes) == 3
 
@@ -205,14 +210,14 @@ async def test_an_unschedulable_pod_is_surfaced(
 ) -> None:
     await started(cluster, sink, start_operator, gpu_node("gpu-1"))
     await cluster.create(FM, fleetmodel("qwen"))
-    await eventually(lambda: cluster.phase_of("qwen", "Pending"))
+    await eventually(lambda: cluster.phase_of("qwen", "Pending"), within=20)
     message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
     pod = await cluster.unschedulable("qwen", message)
-    status = await eventually(lambda: cluster.phase_of("qwen", "Scheduling"))
+    status = await eventually(lambda: cluster.phase_of("qwen", "Scheduling"), within=20)
     assert status["message"] == message
     assert status["reason"] == "Unschedulable"
     await cluster.delete(f"{PODS}/{pod}")
-    await eventually(lambda: cluster.phase_of("qwen", "Pending"))
+    await eventually(lambda: cluster.phase_of("qwen", "Pending"), within=20)
 
 
 async def test_wrong_weight_format_fails_with_the_reason(
@@ -220,7 +225,7 @@ async def test_wrong_weight_format_fails_with_the_reason(
 ) -> None:
     await started(cluster, sink, start_operator, gpu_node("gpu-1"))
     await cluster.create(FM, fleetmodel("gemma", weightFormat="gguf"))
-    status = await eventually(lambda: cluster.phase_of("gemma", "Failed"))
+    status = await eventually(lambda: cluster.phase_of("gemma", "Failed"), within=20)
     assert status["message"] == "vllm serves safetensors; this model is gguf"
     assert cluster.live("deployments", "gemma") is None
 
@@ -230,16 +235,16 @@ async def test_deleting_a_fleetmodel_removes_what_it_made(
 ) -> None:
     state, _ = await started(cluster, sink, start_operator, gpu_node("gpu-1"))
     await cluster.create(FM, fleetmodel("qwen", engine="llamacpp", weightFormat="gguf"))
-    await eventually(lambda: cluster.live("services", "qwen"))
-    await eventually(lambda: reported(state, lambda r: len(r.deployments) == 1))
+    await eventually(lambda: cluster.live("services", "qwen"), within=20)
+    await eventually(lambda: reported(state, lambda r: len(r.deployments) == 1), within=20)
 
     await cluster.delete(f"{FM}/qwen")
-    await eventually(lambda: cluster.live("fleetmodels", "qwen") is None)
+    await eventually(lambda: cluster.live("fleetmodels", "qwen") is None, within=20)
     # A real garbage collector learns a new CRD's kind at its next discovery (every 30 s), so
     # the first cascade of a session can take that long.
     await eventually(lambda: cluster.live("deployments", "qwen") is None, within=60)
     await eventually(lambda: cluster.live("services", "qwen") is None, within=60)
-    await eventually(lambda: reported(state, lambda r: not r.deployments))
+    await eventually(lambda: reported(state, lambda r: not r.deployments), within=20)
 
 
 async def test_a_replica_change_reaches_the_report_within_2s(
@@ -247,10 +252,10 @@ async def test_a_replica_change_reaches_the_report_within_2s(
 ) -> None:
     state, _ = await started(cluster, sink, start_operator, gpu_node("gpu-1"))
     await cluster.create(FM, fleetmodel("qwen", replicas=2))
-    await eventually(lambda: cluster.live("deployments", "qwen"))
+    await eventually(lambda: cluster.live("deployments", "qwen"), within=20)
     await cluster.serve("qwen", ["10.0.0.1"])
     await eventually(
-        lambda: reported(state, lambda r: r.deployments and r.deployments[0].endpoints)
+        lambda: reported(state, lambda r: r.deployments and r.deployments[0].endpoints), within=20
     )
 
     loop = asyncio.get_running_loop()
@@ -272,7 +277,7 @@ async def test_control_plane_down_is_retried_not_fatal(
     operator = (await started(cluster, sink, start_operator, gpu_node("gpu-1"), cpu_node("cpu-1")))[
         1
     ]
-    report = await eventually(lambda: reported(state, lambda r: len(r.nodes) == 2))
+    report = await eventually(lambda: reported(state, lambda r: len(r.nodes) == 2), within=20)
     assert state.failures == 0
     assert operator.process.returncode is None
     gpus = {n.name: n.gpus for n in report.nodes}

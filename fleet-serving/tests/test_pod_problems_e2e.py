@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
-from .cluster import Cluster
-from .conftest import FM, NODES, Sink, StartOperator, eventually, fleetmodel, gpu_node
+from fleet_testing.waiting import eventually
 
-pytestmark = pytest.mark.timeout(90)
+from .cluster import Cluster
+from .conftest import FM, NODES, Sink, StartOperator, fleetmodel, gpu_node
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
 def waiting(container: str, reason: str, message: str, *, init: bool = False) -> dict[str, Any]:
@@ -49,11 +51,12 @@ async def test_a_pod_that_cannot_start_says_why(
     source = {"uri": "s3://weights/qwen"} if case == "fetch-weights" else None
     spec = {"source": source} if source else {}
     await cluster.create(FM, fleetmodel("qwen", **spec))
-    await eventually(lambda: cluster.phase_of("qwen", "Pending"))
+    await eventually(lambda: cluster.phase_of("qwen", "Pending"), within=20)
 
     await cluster.pod_status("qwen", status)
     said = await eventually(
-        lambda: (s := cluster.phase_of("qwen", "Pending")) and s["reason"] == reason and s
+        lambda: (s := cluster.phase_of("qwen", "Pending")) and s["reason"] == reason and s,
+        within=20,
     )
     assert message in said["message"]
     assert said["message"].startswith("0/1 replicas ready; ")
@@ -65,7 +68,7 @@ async def test_a_rollout_past_its_progress_deadline_says_so(
     await cluster.create(NODES, gpu_node("gpu-1"))
     await start_operator(sink[1], "--report-interval=30s")
     await cluster.create(FM, fleetmodel("qwen"))
-    await eventually(lambda: cluster.live("deployments", "qwen"))
+    await eventually(lambda: cluster.live("deployments", "qwen"), within=20)
     await cluster.stall("qwen")
     said = await eventually(
         lambda: (

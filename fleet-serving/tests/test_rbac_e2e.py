@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from fleet_testing.fix_kube import KubeCluster, service_account_kubeconfig
+from fleet_testing.waiting import eventually
 
 from .cluster import RealCluster
-from .conftest import FM, NODES, Sink, StartOperator, eventually, fleetmodel, gpu_node
+from .conftest import FM, NODES, Sink, StartOperator, fleetmodel, gpu_node
 from .test_manifests import DEPLOY, kustomize
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 
@@ -64,7 +65,7 @@ async def test_the_shipped_role_is_enough_to_serve_a_model(
     await cluster.create(FM, fleetmodel("qwen"))
     deployment = await eventually(lambda: cluster.live("deployments", "qwen"), within=30)
     assert deployment["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
-    await eventually(lambda: cluster.live("services", "qwen"))
+    await eventually(lambda: cluster.live("services", "qwen"), within=20)
     await cluster.serve("qwen", ["10.1.0.7"])
     status = await eventually(lambda: cluster.phase_of("qwen", "Ready"), within=30)
     assert status["endpoints"] == ["http://10.1.0.7:8000"]

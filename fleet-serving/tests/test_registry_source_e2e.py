@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,20 +18,14 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fleet_testing import processes
 from fleet_testing.fix_s3 import S3Server
+from fleet_testing.waiting import eventually
 
 from .cluster import Cluster
-from .conftest import (
-    FM,
-    NODES,
-    StartOperator,
-    cpu_node,
-    eventually,
-    fleetmodel,
-    free_port,
-)
+from .conftest import FM, NODES, StartOperator, cpu_node, fleetmodel
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(params=["directory", "s3"])
@@ -54,49 +45,16 @@ def store_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     }
 
 
-async def _process(
-    module: str, port: int, env: dict[str, str], ready: str, log_path: Path
-) -> asyncio.subprocess.Process:
-    """``python -m module --listen 127.0.0.1:port``, once ``ready`` answers 200."""
-    with log_path.open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", module, "--listen", f"127.0.0.1:{port}",
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    async with aiohttp.ClientSession() as session:
-        for _ in range(600):
-            assert process.returncode is None, f"{module} exited: see {log_path}"
-            try:
-                async with session.get(f"http://127.0.0.1:{port}{ready}") as response:
-                    if response.status == 200:
-                        return process
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"{module} did not answer {ready}: see {log_path}")
-
-
 @pytest.fixture
 async def control_plane(
     postgres_url: str, store_env: dict[str, str], tmp_path: Path, admin_token: str
 ) -> AsyncIterator[str]:
     """The control plane, pulling from the synthetic hub (both processes), as make dev runs them."""
-    hub_port, port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    hub_log, api_log = tmp_path / "hub.log", tmp_path / "apiserver.log"
-    repo = "/api/models/fleet/tiny-gguf"
-    hub = await _process("fleet_core.devtools.hub", hub_port, env, repo, hub_log)
-    env |= {"FLEET_DATABASE_URL": postgres_url, "FLEET_HUB_URL": f"http://127.0.0.1:{hub_port}"}
-    env |= {**store_env, "FLEET_ADMIN_TOKEN": admin_token}
-    processes = [hub]
-    try:
-        processes.append(await _process("fleet_core.control_plane", port, env, "/readyz", api_log))
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        for process in processes:
-            if process.returncode is None:
-                process.terminate()
-            await asyncio.wait_for(process.wait(), timeout=15)
+    with processes.processes(tmp_path) as procs:
+        hub = await asyncio.to_thread(processes.hub, procs)
+        env = {"FLEET_DATABASE_URL": postgres_url, "FLEET_HUB_URL": hub}
+        env |= {**store_env, "FLEET_ADMIN_TOKEN": admin_token}
+        yield await asyncio.to_thread(processes.control_plane, procs, env)
 
 
 async def call(method: str, url: str, body: Any = None, *, token: str) -> dict[str, Any]:
@@ -180,9 +138,9 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
     await cluster.create(FM, fleetmodel("ghost", source={"registry": "ghost"}, **spec))
 
     # Registered, not pulled: the model waits, and nothing is rendered.
-    waiting = await eventually(lambda: waiting_for_weights(cluster, "tiny"))
+    waiting = await eventually(lambda: waiting_for_weights(cluster, "tiny"), within=20)
     assert "registry model 'tiny' is Registered" in waiting["message"]
-    ghost = await eventually(lambda: waiting_for_weights(cluster, "ghost"))
+    ghost = await eventually(lambda: waiting_for_weights(cluster, "ghost"), within=20)
     assert "registry model 'ghost' does not exist" in ghost["message"]
     assert cluster.live("deployments", "tiny") is None
 
@@ -217,7 +175,8 @@ async def test_a_registry_model_is_served_once_ready_from_files_the_control_plan
     stored = {f["path"]: f["sha256"] for f in model["facts"]["files"]}
     assert {p: sha256_of(fetched / p) for p in stored} == stored
     status = await eventually(
-        lambda: (s := cluster.phase_of("tiny", "Pending")) and s["reason"] == "Starting" and s
+        lambda: (s := cluster.phase_of("tiny", "Pending")) and s["reason"] == "Starting" and s,
+        within=20,
     )
     assert status["message"] == "0/1 replicas ready"
 

@@ -12,8 +12,9 @@ from aiohttp import web
 import fleet_contract
 from fleet_serving.reporting import Reporter, ReporterSettings, backoff_delay
 from fleet_serving.view import ClusterView
+from fleet_testing.ports import free_port
 
-from .conftest import free_port, gpu_node, receiving_inventory
+from .conftest import gpu_node, receiving_inventory
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from fleet_core.control_plane.app import ApiserverSettings, create_apiserver_app, open_resources
-from fleet_core.devtools.stub_engine import running_app
+from fleet_core.control_plane.app import ApiserverSettings
 from fleet_core.shared.settings import LogSettings
+from fleet_testing.asgi import control_plane_app
 
 ApiserverFactory = Callable[..., Awaitable[str]]
 
@@ -27,9 +27,7 @@ async def start_apiserver(admin_token: str) -> AsyncIterator[ApiserverFactory]:
         async def start(**fields: Any) -> str:
             fields = {"admin_token": admin_token, **fields}
             settings = ApiserverSettings(log=LogSettings(access=False), **fields)
-            resources = await stack.enter_async_context(open_resources(settings))
-            app = create_apiserver_app(settings, resources)
-            return await stack.enter_async_context(running_app(app))
+            return await stack.enter_async_context(control_plane_app(settings))
 
         yield start
 
@@ -40,15 +38,17 @@ async def acme_api(
 ) -> str:
     """A control plane on a fresh Postgres database holding tenant ``acme`` and its project
     ``acme/chat``."""
-    api = await start_apiserver(database_url=postgres_url)
-    async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:
+    control_plane_url = await start_apiserver(database_url=postgres_url)
+    async with httpx.AsyncClient(headers=admin_headers, base_url=control_plane_url) as http:
         await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme"})
         await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
-    return api
+    return control_plane_url
 
 
 @pytest.fixture(params=["memory", "postgres"])
-async def api(request: pytest.FixtureRequest, start_apiserver: ApiserverFactory) -> str:
+async def control_plane_url(
+    request: pytest.FixtureRequest, start_apiserver: ApiserverFactory
+) -> str:
     """A control plane without a database, then one on a fresh Postgres database."""
     if request.param == "memory":
         return await start_apiserver()

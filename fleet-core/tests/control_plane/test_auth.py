@@ -1,4 +1,4 @@
-"""Who may call the control plane: the reproductions of issue 14 and the credential model.
+"""Who may call the control plane: calls it once let through, and the credential model.
 
 Each reproduction was a success on the old control plane (a secret handed to anyone, another
 tenant's usage, traffic redirected by an anonymous inventory PUT, a text/plain write, a count

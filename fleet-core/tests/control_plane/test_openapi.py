@@ -81,10 +81,10 @@ def operations(document: dict[str, Any]) -> set[tuple[str, str]]:
     return {(m.upper(), path) for path, ops in document["paths"].items() for m in ops}
 
 
-async def fetch_document(api: str) -> dict[str, Any]:
+async def fetch_document(control_plane_url: str) -> dict[str, Any]:
     """The document, read without a credential: it is the one public /api/v1 route."""
     async with httpx.AsyncClient() as http:
-        response = await http.get(f"{api}/api/v1/openapi.json/")
+        response = await http.get(f"{control_plane_url}/api/v1/openapi.json/")
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
     document: dict[str, Any] = response.json()
@@ -95,12 +95,12 @@ async def fetch_document(api: str) -> dict[str, Any]:
 async def test_without_a_database_the_document_describes_what_is_served(
     start_apiserver: ApiserverFactory, admin_headers: dict[str, str]
 ) -> None:
-    api = await start_apiserver()
-    document = await fetch_document(api)
+    control_plane_url = await start_apiserver()
+    document = await fetch_document(control_plane_url)
     assert operations(document) == INVENTORY
     async with httpx.AsyncClient() as http:
-        anonymous = await http.get(f"{api}/api/v1/tenants")
-        tenants = await http.get(f"{api}/api/v1/tenants", headers=admin_headers)
+        anonymous = await http.get(f"{control_plane_url}/api/v1/tenants")
+        tenants = await http.get(f"{control_plane_url}/api/v1/tenants", headers=admin_headers)
     assert anonymous.status_code == 401
     assert tenants.status_code == 503
     assert tenants.json()["error"]["code"] == "database_required"
@@ -126,30 +126,34 @@ async def test_with_a_database_every_route_is_described(
 async def test_no_generated_request_is_answered_5xx(
     start_apiserver: ApiserverFactory, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
-    api = await start_apiserver(database_url=postgres_url)
-    async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:  # some rows
+    control_plane_url = await start_apiserver(database_url=postgres_url)
+    async with httpx.AsyncClient(
+        headers=admin_headers, base_url=control_plane_url
+    ) as http:  # some rows
         await http.post("/api/v1/tenants", json={"id": "acme", "name": "Acme", "tokenLimit": 9})
         await http.post("/api/v1/projects", json={"tenantId": "acme", "name": "chat"})
     # schemathesis calls over requests (blocking): off the loop that serves the apiserver
-    exercised = await asyncio.to_thread(exercise_every_operation, api, admin_headers)
+    exercised = await asyncio.to_thread(exercise_every_operation, control_plane_url, admin_headers)
     # schemathesis leaves out the document it was loaded from
     assert exercised == INVENTORY - {("GET", "/api/v1/openapi.json")} | DATABASE
 
 
-def exercise_every_operation(api: str, headers: dict[str, str]) -> set[tuple[str, str]]:
-    schema = schemathesis.openapi.from_url(f"{api}/api/v1/openapi.json")
+def exercise_every_operation(
+    control_plane_url: str, headers: dict[str, str]
+) -> set[tuple[str, str]]:
+    schema = schemathesis.openapi.from_url(f"{control_plane_url}/api/v1/openapi.json")
     exercised = set()
     with requests.Session() as session:  # closed here, not left to the garbage collector
         for result in schema.get_all_operations():
             operation = result.ok()
-            exercise(operation, api, session, headers)
+            exercise(operation, control_plane_url, session, headers)
             exercised.add((operation.method.upper(), operation.path))
     return exercised
 
 
 def exercise(
     operation: schemathesis.APIOperation,
-    api: str,
+    control_plane_url: str,
     session: requests.Session,
     headers: dict[str, str],
 ) -> None:
@@ -167,7 +171,7 @@ def exercise(
     @hypothesis.given(case=operation.as_strategy())
     def run(case: schemathesis.Case) -> None:
         auth = {"Authorization": headers["Authorization"]}
-        response = case.call(base_url=api, session=session, timeout=10, headers=auth)
+        response = case.call(base_url=control_plane_url, session=session, timeout=10, headers=auth)
         case.validate_response(response, checks=[not_a_server_error])
 
     run()

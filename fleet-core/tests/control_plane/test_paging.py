@@ -114,7 +114,7 @@ def _check(seen: list[dict[str, Any]], start: set[str], key: Any) -> None:
 async def test_every_row_is_seen_once_across_pages_while_rows_arrive(
     start_apiserver: ApiserverFactory, postgres_url: str, admin_headers: dict[str, str]
 ) -> None:
-    api = await start_apiserver(database_url=postgres_url)
+    control_plane_url = await start_apiserver(database_url=postgres_url)
     ids = st.text("abcdefghij", min_size=1, max_size=4)
     loop = asyncio.get_running_loop()
 
@@ -130,7 +130,7 @@ async def test_every_row_is_seen_once_across_pages_while_rows_arrive(
         keys: list[tuple[str, int]], steps: list[tuple[int, list[tuple[str, int]]]]
     ) -> None:
         await asyncio.to_thread(_seed, postgres_url, keys)
-        async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:
+        async with httpx.AsyncClient(headers=admin_headers, base_url=control_plane_url) as http:
             listed = await _pages(http, "/api/v1/keys", steps, postgres_url)
             _check(listed, {f"old-{k}" for k, _ in keys}, lambda r: (r["createdAt"], r["id"]))
             await asyncio.to_thread(_seed, postgres_url, keys)
@@ -175,8 +175,8 @@ async def test_a_bad_limit_or_cursor_is_a_400_naming_it(
     postgres_url: str,
     admin_headers: dict[str, str],
 ) -> None:
-    api = await start_apiserver(database_url=postgres_url)
-    async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:
+    control_plane_url = await start_apiserver(database_url=postgres_url)
+    async with httpx.AsyncClient(headers=admin_headers, base_url=control_plane_url) as http:
         for name, value in BAD:
             error = envelope(await http.get(path, params={name: value}), 400)
             assert error["param"] == name, (path, name, value)
@@ -184,10 +184,10 @@ async def test_a_bad_limit_or_cursor_is_a_400_naming_it(
 
 
 async def test_a_page_of_a_list_that_fits_keeps_the_old_shape(
-    api: str, admin_headers: dict[str, str]
+    control_plane_url: str, admin_headers: dict[str, str]
 ) -> None:
     """Without a database too (credentials in memory): two pages, then the old shape."""
-    async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=control_plane_url) as http:
         for n in range(3):
             body = {"role": "finance", "label": f"f{n}"}
             assert (await http.post("/api/v1/credentials", json=body)).status_code == 201
@@ -200,7 +200,7 @@ async def test_a_page_of_a_list_that_fits_keeps_the_old_shape(
 
 
 async def test_every_cluster_is_seen_once_across_pages_while_clusters_report(
-    api: str, admin_headers: dict[str, str]
+    control_plane_url: str, admin_headers: dict[str, str]
 ) -> None:
     """The Cluster page's list (one summary per cluster) pages by cluster id, in memory and on
     Postgres, while other clusters report their first inventory between pages."""
@@ -217,7 +217,7 @@ async def test_every_cluster_is_seen_once_across_pages_while_clusters_report(
 
     async def _example(first: list[str], steps: list[tuple[int, list[tuple[str, int]]]]) -> None:
         run = f"r{next(runs)}"
-        async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:
+        async with httpx.AsyncClient(headers=admin_headers, base_url=control_plane_url) as http:
 
             async def put(cluster: str) -> None:
                 body = report(clusterId=cluster)
@@ -241,7 +241,7 @@ async def test_tenants_and_projects_are_searched_by_id_or_name_on_the_server(
 ) -> None:
     """The create forms' pickers: ``q`` is a case-insensitive substring of the id or the name,
     paged like the whole list; a ``q`` too long or with a control character is a 400."""
-    api = await start_apiserver(database_url=postgres_url)
+    control_plane_url = await start_apiserver(database_url=postgres_url)
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute("TRUNCATE tenants, projects CASCADE")
         for tenant, name in [("acme", "Acme"), ("beta", "ACME Beta"), ("gamma", "G"),
@@ -252,7 +252,7 @@ async def test_tenants_and_projects_are_searched_by_id_or_name_on_the_server(
                 " VALUES (%s, %s, 'chat'), (%s, %s, 'acmebot')",
                 (f"{tenant}/chat", tenant, f"{tenant}/acmebot", tenant),
             )
-    async with httpx.AsyncClient(headers=admin_headers, base_url=api) as http:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=control_plane_url) as http:
 
         async def ids(path: str, **query: str) -> list[str]:
             listed = await _walk(http, path, [(1, [])], _nothing, **query)

@@ -15,8 +15,8 @@ from starlette.routing import Route
 
 from fleet_core.control_plane.access import POLICY, ROLES
 from fleet_core.control_plane.app import ApiserverSettings, create_apiserver_app, open_resources
-from fleet_core.devtools.stub_engine import running_app
 from fleet_core.shared.settings import LogSettings
+from fleet_testing.asgi import serving
 from fleet_testing.fix_auth import bearer
 
 from .conftest import envelope, issue, tenant_key
@@ -55,7 +55,7 @@ async def served(postgres_url: str, admin_token: str) -> AsyncIterator[Served]:
     async with contextlib.AsyncExitStack() as stack:
         resources = await stack.enter_async_context(open_resources(settings))
         app = create_apiserver_app(settings, resources)
-        url = await stack.enter_async_context(running_app(app))
+        url = await stack.enter_async_context(serving(app))
         routes = [
             (method, route.path)
             for route in app.routes

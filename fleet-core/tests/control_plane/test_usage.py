@@ -77,7 +77,7 @@ RECORDS = [
 
 
 @pytest.fixture
-async def api(
+async def control_plane_url(
     start_apiserver: ApiserverFactory,
     postgres_url: str,
     tmp_path: Path,
@@ -94,36 +94,43 @@ async def api(
         yield http
 
 
-async def get(api: httpx.AsyncClient, **params: str) -> httpx.Response:
-    return await api.get("/api/v1/usage", params=params)
+async def get(control_plane_url: httpx.AsyncClient, **params: str) -> httpx.Response:
+    return await control_plane_url.get("/api/v1/usage", params=params)
 
 
 WINDOW = {"from": "2026-09-01T00:00:00Z", "to": "2026-09-03T00:00:00Z"}
 
 
-async def test_grouped_by_day_and_hour(api: httpx.AsyncClient) -> None:
-    days = (await get(api, **WINDOW, groupBy="day")).json()["data"]
+async def test_grouped_by_day_and_hour(control_plane_url: httpx.AsyncClient) -> None:
+    days = (await get(control_plane_url, **WINDOW, groupBy="day")).json()["data"]
     assert [(d["key"], d["requests"]) for d in days] == [("2026-09-01", 3), ("2026-09-02", 1)]
     first = days[0]
     assert first["tokensInput"] == 157
     assert first["tokensOutput"] == 18
     assert first["tokensCached"] == 40
     assert first["tokensFresh"] == 117
-    hours = (await get(api, **WINDOW, groupBy="hour", tenantId="acme")).json()["data"]
+    hours = (await get(control_plane_url, **WINDOW, groupBy="hour", tenantId="acme")).json()["data"]
     assert [(h["key"], h["requests"]) for h in hours] == [
         ("2026-09-01T00:00:00Z", 1),
         ("2026-09-01T01:00:00Z", 2),
     ]
 
 
-async def test_grouped_by_model_and_project_with_filters(api: httpx.AsyncClient) -> None:
+async def test_grouped_by_model_and_project_with_filters(
+    control_plane_url: httpx.AsyncClient,
+) -> None:
     models = {
-        m["key"]: m["requests"] for m in (await get(api, **WINDOW, groupBy="model")).json()["data"]
+        m["key"]: m["requests"]
+        for m in (await get(control_plane_url, **WINDOW, groupBy="model")).json()["data"]
     }
     assert models == {"qwen": 3, "gemma": 1}
-    projects = (await get(api, **WINDOW, groupBy="project", tenantId="acme")).json()["data"]
+    projects = (await get(control_plane_url, **WINDOW, groupBy="project", tenantId="acme")).json()[
+        "data"
+    ]
     assert {p["key"]: p["tokensOutput"] for p in projects} == {"acme/research": 15, "acme/batch": 3}
-    one = (await get(api, **WINDOW, groupBy="model", projectId="acme/batch")).json()["data"]
+    one = (await get(control_plane_url, **WINDOW, groupBy="model", projectId="acme/batch")).json()[
+        "data"
+    ]
     assert one == [
         {
             "key": "gemma",
@@ -135,7 +142,9 @@ async def test_grouped_by_model_and_project_with_filters(api: httpx.AsyncClient)
             "units": 0,
         }
     ]
-    narrow = (await get(api, groupBy="day", **{"from": "2026-09-02", "to": "2026-09-03"})).json()
+    narrow = (
+        await get(control_plane_url, groupBy="day", **{"from": "2026-09-02", "to": "2026-09-03"})
+    ).json()
     assert [d["key"] for d in narrow["data"]] == ["2026-09-02"]
 
 
@@ -151,8 +160,8 @@ async def test_grouped_by_model_and_project_with_filters(api: httpx.AsyncClient)
     ],
 )
 async def test_bad_parameters_are_400_naming_them(
-    api: httpx.AsyncClient, params: dict[str, Any], param: str
+    control_plane_url: httpx.AsyncClient, params: dict[str, Any], param: str
 ) -> None:
-    response = await get(api, **params)
+    response = await get(control_plane_url, **params)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param

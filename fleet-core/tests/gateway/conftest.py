@@ -4,7 +4,6 @@ fresh database)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,9 +18,8 @@ import psycopg
 import pytest
 from starlette.applications import Starlette
 
-from fleet_core.control_plane.app import ApiserverSettings, create_apiserver_app
-from fleet_core.control_plane.app import open_resources as open_apiserver
-from fleet_core.devtools.stub_engine import StubSettings, create_app, running_app
+from fleet_core.control_plane.app import ApiserverSettings
+from fleet_core.devtools.stub_engine import StubSettings, create_app
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, validate
 from fleet_core.gateway.settings import (
@@ -30,7 +28,8 @@ from fleet_core.gateway.settings import (
     LogSettings,
     admission_from_env,
 )
-from fleet_core.shared.asgi_server import Server, listening_socket, serve_socket
+from fleet_core.shared.asgi_server import Server
+from fleet_testing.asgi import control_plane_app, serving
 from fleet_testing.fix_auth import bearer
 from fleet_testing.fix_fault_engine import FaultEngine, FaultEngineFactory
 
@@ -73,7 +72,7 @@ async def stack() -> AsyncIterator[contextlib.AsyncExitStack]:
 def start_stub(stack: contextlib.AsyncExitStack) -> StubFactory:
     async def start(**fields: Any) -> Served:
         app = create_app(StubSettings(**fields))
-        url = await stack.enter_async_context(running_app(app))
+        url = await stack.enter_async_context(serving(app))
         return Served(url, app)
 
     return start
@@ -82,24 +81,9 @@ def start_stub(stack: contextlib.AsyncExitStack) -> StubFactory:
 @pytest.fixture
 def serve_app(stack: contextlib.AsyncExitStack) -> Callable[[Any], Awaitable[str]]:
     async def serve(app: Any) -> str:
-        return await stack.enter_async_context(running_app(app))
+        return await stack.enter_async_context(serving(app))
 
     return serve
-
-
-@contextlib.asynccontextmanager
-async def serving(app: Any, server: Server) -> AsyncIterator[str]:
-    """``app`` on ``server`` as `fleet-gateway --server` runs it, on a free loopback port; its
-    URL. The socket listens before the server starts, so a request can be sent at once."""
-    sock = listening_socket("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve_socket(app, sock, grace_s=1.0, stop=stop, server=server))
-    try:
-        yield url
-    finally:
-        stop.set()
-        await task
 
 
 @pytest.fixture
@@ -115,7 +99,7 @@ def start_gateway(stack: contextlib.AsyncExitStack) -> GatewayFactory:
         full = GatewaySettings(config=parsed, log=LogSettings(access=False), **settings)
         resources = await stack.enter_async_context(open_resources(full))
         app = create_gateway_app(full, resources)
-        url = await stack.enter_async_context(serving(app, server))
+        url = await stack.enter_async_context(serving(app, server=server))
         return Served(url, app, stack)
 
     return start
@@ -199,8 +183,7 @@ async def running_control_plane(
         database_url=postgres_url, log=LogSettings(access=False), admin_token=admin_token
     )
     async with (
-        open_apiserver(settings) as resources,
-        running_app(create_apiserver_app(settings, resources)) as url,
+        control_plane_app(settings) as url,
         httpx.AsyncClient(base_url=url, headers=bearer(admin_token)) as api,
     ):
         yield api

@@ -117,7 +117,7 @@ async def test_missing_and_unknown_keys_are_401(limited: Any) -> None:
         assert (await http.get(f"{gw.url}/healthz")).status_code == 200
         health = await http.get(f"{gw.url}/health")
         assert health.status_code == 200
-        assert health.json() == {"status": "ok"}  # no engine URLs for anyone (issue 14)
+        assert health.json() == {"status": "ok"}  # no engine URLs for anyone
         assert "http" not in health.text
         keyed = await http.get(f"{gw.url}/health", headers={"Authorization": f"Bearer {GLOBEX}"})
         assert set(keyed.json()) == {"status"}  # nor for a tenant's key
@@ -233,7 +233,7 @@ def metric_samples(text: str) -> list[Any]:
 
 
 async def test_metrics_need_the_metrics_credential_and_attribute_usage(limited: Any) -> None:
-    """A tenant's key reads no other tenant's series: /metrics is 403 for it (issue 14)."""
+    """A tenant's key reads no other tenant's series: /metrics is 403 for it."""
     gw = await limited(FLEET_METRICS_TOKEN=SCRAPE)
     assert (await chat(gw, ACME_A)).status_code == 200
     async with httpx.AsyncClient() as http:

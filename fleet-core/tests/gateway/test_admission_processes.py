@@ -4,50 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
-from fleet_core.devtools.stub_engine import StubSettings, running_stub
-
-from .test_config_and_cli import free_port, wait_until_up
+from fleet_core.devtools.stub_engine import StubSettings, create_app
+from fleet_testing import processes
+from fleet_testing.asgi import serving
+from fleet_testing.waiting import eventually
 
 KEY = "acme/research/team-a"
 
 OPS = "ops-metrics-token-of-at-least-32-characters"
-
-
-@contextlib.contextmanager
-def gateway_process(config: Path, env: dict[str, str]) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fleet_core.gateway",
-            "--config",
-            str(config),
-            "--listen",
-            f"127.0.0.1:{port}",
-        ],
-        env={**os.environ, "FLEET_ACCESS_LOG": "false", **env},
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        wait_until_up(url, proc)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def evalsha_calls(redis_url: str) -> int:
@@ -68,7 +40,7 @@ def gateways(tmp_path: Path, redis_url: str, redis_prefix: str) -> Gateways:
 
     @contextlib.asynccontextmanager
     async def start(count: int, **env: str) -> AsyncIterator[list[str]]:
-        async with running_stub(StubSettings(model="m")) as engine:
+        async with serving(create_app(StubSettings(model="m"))) as engine:
             config = tmp_path / "fleet.yaml"
             config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
             full = {
@@ -78,11 +50,14 @@ def gateways(tmp_path: Path, redis_url: str, redis_prefix: str) -> Gateways:
                 "FLEET_REDIS_PREFIX": redis_prefix,
                 **env,
             }
-            with contextlib.ExitStack() as stack:
-                urls = [stack.enter_context(gateway_process(config, full)) for _ in range(count)]
-                # gateway_process waits synchronously, which stalls this loop and the stub engine
-                # it serves: a health check landing then ejects the engine. Start once every
-                # gateway has seen it ready again.
+            with processes.processes(tmp_path) as procs:
+                args = ["--config", str(config)]
+                urls = [
+                    await asyncio.to_thread(processes.gateway, procs, full, args, name=f"gw{n}")
+                    for n in range(count)
+                ]
+                # started off the loop, which keeps serving the stub engine; the burst starts
+                # once every gateway's health check has found it ready
                 await until_ready(urls)
                 yield urls
 
@@ -90,12 +65,13 @@ def gateways(tmp_path: Path, redis_url: str, redis_prefix: str) -> Gateways:
 
 
 async def until_ready(urls: list[str], within_s: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
     async with httpx.AsyncClient() as http:
         for url in urls:
-            while (await http.get(f"{url}/readyz")).status_code != 200:
-                assert asyncio.get_running_loop().time() < deadline, f"{url} never became ready"
-                await asyncio.sleep(0.05)
+
+            async def ready(url: str = url) -> bool:
+                return (await http.get(f"{url}/readyz")).status_code == 200
+
+            await eventually(ready, within=within_s, what=f"{url} ready")
 
 
 async def chat(http: httpx.AsyncClient, url: str, max_tokens: int) -> int:

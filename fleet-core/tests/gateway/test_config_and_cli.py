@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,8 @@ import pytest
 from fleet_core.gateway.config import load_config
 from fleet_core.gateway.metering.counting import ESTIMATE, load_counter
 from fleet_core.shared.errors import ConfigError
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import until_answers
 
 from .conftest import GatewayFactory, StubFactory
 from .test_openai_sdk import records_of
@@ -132,24 +133,6 @@ def test_cli_refuses_what_cannot_work(
     assert result.stderr.count("\n") == 1
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until_up(url: str, proc: subprocess.Popen[str]) -> None:
-    for _ in range(100):
-        if proc.poll() is not None:
-            raise AssertionError(f"gateway exited: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            if httpx.get(url + "/healthz").status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise AssertionError("gateway did not come up")
-
-
 @pytest.mark.parametrize("server", ["uvicorn", "hypercorn"])
 def test_demo_serves_and_sigterm_drains_an_open_stream(server: str) -> None:
     port = free_port()
@@ -163,7 +146,7 @@ def test_demo_serves_and_sigterm_drains_an_open_stream(server: str) -> None:
         text=True,
     )
     try:
-        wait_until_up(url, proc)
+        until_answers(url + "/healthz", proc, what="fleet-gateway")
         with openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
             reply = client.chat.completions.create(
                 model="demo",

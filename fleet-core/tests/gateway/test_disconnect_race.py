@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from fleet_core.gateway.edge.responses import ClientGone, until_disconnect
-
-from .conftest import serving
+from fleet_testing.asgi import serving
 
 
 class Connection:
@@ -220,7 +219,7 @@ Client = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, A
 async def _on_uvicorn(app: Outcomes, client: Client) -> None:
     """``client`` on one connection to ``app`` served by uvicorn; the connection is closed
     once the server has stopped."""
-    async with serving(app, "uvicorn") as url:
+    async with serving(app, server="uvicorn") as url:
         host, port = url.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
         await client(reader, writer)

@@ -1,4 +1,4 @@
-"""The OpenAI POST routes skip Starlette's stack (issue 21, `gateway/dispatch.py`): whichever way a
+"""The OpenAI POST routes skip Starlette's stack (`gateway/dispatch.py`): whichever way a
 request goes — straight to its handler, or through Starlette when it carries an Origin header —
 it gets the same answer, the same error envelope and the same request-id headers."""
 

@@ -1,5 +1,5 @@
 """``/health``'s cumulative per-endpoint counters (requests finished, errors), over real HTTP:
-what the console's Fleet page turns into rates (issue 18)."""
+what the console's Fleet page turns into rates."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """Routing that knows the engines, end to end: stub engines over real HTTP whose metrics and
-prefix cache are scripted, a real gateway in front (issue 20, ADR 0013)."""
+prefix cache are scripted, a real gateway in front (ADR 0013)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -23,9 +22,9 @@ from fleet_core.gateway.exchange.routing.signals import EngineSignals
 from fleet_core.gateway.exchange.routing.table import build_table
 from fleet_core.gateway.settings import admission_from_env
 from fleet_core.shared.errors import RateLimited
+from fleet_testing.waiting import eventually
 
 from .conftest import GatewayFactory, StubFactory
-from .test_failover import eventually
 
 KEYS = {"FLEET_AUTH_REQUIRED": "true", "FLEET_API_KEYS": "A/p/ka;B/p/kb"}
 FAST_HEALTH = {"interval_s": 0.1, "timeout_s": 1.0}
@@ -61,7 +60,7 @@ async def test_signals_are_scraped_published_and_shown(
             text = (await http.get(f"{gw.url}/metrics")).text
             return "fleet_endpoint_kv_capacity_tokens{" in text and "queue_depth{" in text
 
-        await until(scraped)
+        await eventually(scraped, within=10)
         text = (await http.get(f"{gw.url}/metrics")).text
         health = (await http.get(f"{gw.url}/health")).json()
     assert f'fleet_endpoint_kv_usage_ratio{{endpoint="{vllm.url}",model="m"}} 0.5' in text
@@ -95,7 +94,7 @@ async def test_kv_pressure_steers_requests_away(
             text = (await http.get(f"{gw.url}/metrics")).text
             return text.count("fleet_endpoint_kv_usage_ratio{") == 2
 
-        await until(scraped)
+        await eventually(scraped, within=10)
         for _ in range(20):
             await post(http, gw.url, chat("s"))
     assert (full.stats().requests_started, roomy.stats().requests_started) == (0, 20)
@@ -121,13 +120,6 @@ def test_stale_signals_fall_back_to_least_outstanding() -> None:
 
 def _config(raw: dict[str, Any]) -> GatewayConfig:
     return msgspec.convert(raw, GatewayConfig)
-
-
-async def until(condition: Callable[[], Awaitable[bool]], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not await condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def _cache_rig(
@@ -212,7 +204,7 @@ async def test_fair_queue_b_waits_for_a_few_of_as_hundred(
 
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as http:
         a = [asyncio.create_task(send(http, "A", 1000)) for _ in range(100)]
-        await eventually(lambda: _queued(gw) >= 90)
+        await eventually(lambda: _queued(gw) >= 90, within=10)
         await asyncio.gather(*(send(http, "B", 1000) for _ in range(5)))
         a_before_last_b = done.count("A")
         await asyncio.gather(*a)
@@ -246,9 +238,9 @@ async def test_priority_weights_the_share(
 
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as http:
         tasks = [asyncio.create_task(send(http, "A")) for _ in range(40)]
-        await eventually(lambda: _queued(gw) >= 35)
+        await eventually(lambda: _queued(gw) >= 35, within=10)
         tasks += [asyncio.create_task(send(http, "B")) for _ in range(40)]
-        await eventually(lambda: _queued(gw) >= 70)
+        await eventually(lambda: _queued(gw) >= 70, within=10)
         mark = len(done)  # from here both tenants wait
         await asyncio.gather(*tasks)
     window = done[mark : mark + 25]

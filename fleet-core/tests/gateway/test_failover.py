@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -16,6 +14,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from fleet_core.shared.asgi_server import SERVERS, Server
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import eventually
 
 from .conftest import GatewayFactory, StubFactory
 from .test_openai_sdk import records_of
@@ -23,20 +23,9 @@ from .test_openai_sdk import records_of
 MSG = [{"role": "user", "content": "hello there"}]
 
 
-async def eventually(condition: Callable[[], bool], within: float = 10.0) -> None:
-    """Wait for ``condition``; generous, because this machine is shared and noisy."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 def dead_url() -> str:
     """A loopback port nobody listens on: connections are refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def fixed_engine(status: int, body: bytes, content_type: str = "application/json") -> Starlette:
@@ -203,7 +192,7 @@ async def test_client_disconnect_cancels_the_engine(
                 frames += 1
             if frames == 3:
                 break
-    await eventually(lambda: engine.stats().requests_cancelled == 1)
+    await eventually(lambda: engine.stats().requests_cancelled == 1, within=10)
     generated = engine.stats().tokens_generated
     await asyncio.sleep(0.3)
     assert engine.stats().tokens_generated == generated  # the engine stopped
@@ -223,11 +212,11 @@ async def test_non_stream_disconnect_cancels_the_engine_too(
         call = asyncio.create_task(
             http.post(f"{gw.url}/v1/chat/completions", json={"model": "m", "messages": MSG})
         )
-        await eventually(lambda: engine.stats().requests_started == 1)
+        await eventually(lambda: engine.stats().requests_started == 1, within=10)
         call.cancel()  # the client gives up: its connection closes
         with pytest.raises(asyncio.CancelledError):
             await call
-    await eventually(lambda: engine.stats().requests_cancelled == 1)
+    await eventually(lambda: engine.stats().requests_cancelled == 1, within=10)
     assert engine.stats().requests_finished == 0
     [record] = await records_of(gw.url)  # the request left while waiting for the engine's answer
     assert record["outcome"] == "client_disconnected"

@@ -143,7 +143,7 @@ def _code(response: httpx.Response, *, stream: bool) -> str | None:
 
 
 async def test_a_read_timeout_is_504_and_never_ejects(rig: Rig) -> None:
-    """Regression (issue 13, item 5): two slow generations ejected a healthy endpoint (eject
+    """Regression: two slow generations ejected a healthy endpoint (eject
     after 2), and each was run again on the spare (double generation)."""
     rig.engine.then([STALL_S, OK_CHAT], [STALL_S, OK_CHAT], [STALL_S, OK_CHAT])
     for _ in range(3):

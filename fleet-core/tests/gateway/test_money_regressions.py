@@ -1,4 +1,5 @@
-"""Issue 13's reproductions, each against a real gateway, a raw-socket engine and a real Redis.
+"""Requests once billed wrong or not at all, reproduced against a real gateway, a raw-socket
+engine and a real Redis.
 
 Every test here failed on the code before the fix; the invariants of `money.Books` (buckets back
 to capacity minus what was billed, gauge at 0, one record each, no 500) close most of them.
@@ -22,6 +23,7 @@ from fleet_testing.fix_fault_engine import (
     sse,
     usage_frame,
 )
+from fleet_testing.waiting import eventually
 
 from .conftest import Rig, RigFactory
 from .money import envelope
@@ -44,7 +46,7 @@ async def test_a_slot_refusal_inside_open_is_recorded_and_settled(start_rig: Rig
     rig = await start_rig(slots=1, read_timeout_s=10)
     rig.engine.then([2.0, OK_CHAT])  # holds the slot well past the 0.2 s queue timeout
     first = asyncio.create_task(rig.send())
-    await _until(lambda: rig.engine.hits == 1 and rig.spare.hits == 0)
+    await eventually(lambda: rig.engine.hits == 1 and rig.spare.hits == 0, within=5)
     second = await rig.send()
     assert second.status_code == 429
     assert envelope(second)["code"] == "engine_overloaded"
@@ -168,7 +170,7 @@ async def test_usage_is_read_after_the_client_leaves_past_finish_reason(rig: Rig
 
 async def test_a_client_leaving_on_done_before_the_engine_ends_is_ok(rig: Rig) -> None:
     """The OpenAI SDK closes its connection on ``data: [DONE]``. When the engine's end of the
-    response came later (llama-server on a loaded machine, issue 17's e2e test), the gateway was
+    response came later (llama-server on a loaded machine, in the end-to-end test), the gateway was
     still waiting for it, saw the client leave and recorded the complete stream as
     client_disconnected (499)."""
     rig.engine.then([sse(), *chat_frames(["ok"]), usage_frame(7, 2), frame("[DONE]"), 1.0, END])
@@ -204,11 +206,3 @@ def test_the_estimate_is_conservative_for_non_latin_text() -> None:
     assert estimate_tokens("漢" * 600) >= 600
     assert estimate_tokens("Привет, мир") >= 10
     assert estimate_tokens("hello world!") == 3  # English keeps OpenAI's four characters
-
-
-async def _until(check: object, within_s: float = 5.0) -> None:
-    assert callable(check)
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)

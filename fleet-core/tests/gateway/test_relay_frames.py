@@ -1,4 +1,4 @@
-"""The relay's per-frame shortcuts (issue 21) read every frame as the general path does."""
+"""The relay's per-frame shortcuts read every frame as the general path does."""
 
 from __future__ import annotations
 

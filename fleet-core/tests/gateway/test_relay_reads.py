@@ -1,4 +1,4 @@
-"""The relay meters a read of whole frames as one block (issue 21): for any stream cut into
+"""The relay meters a read of whole frames as one block: for any stream cut into
 reads at any byte, it sends and meters exactly what a plain frame-by-frame relay does."""
 
 from __future__ import annotations

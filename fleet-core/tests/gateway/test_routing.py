@@ -16,9 +16,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from fleet_core.gateway.exchange.routing.selection import Candidate, choose
+from fleet_testing.waiting import eventually
 
 from .conftest import GatewayFactory, Served, StubFactory
-from .test_failover import dead_url, eventually
+from .test_failover import dead_url
 from .test_openai_sdk import records_of
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -114,7 +115,7 @@ async def test_a_queued_request_is_served_when_a_slot_frees(
     watcher.cancel()
     assert len(replies) == 3
     assert max(seen) == 1
-    await eventually(lambda: engine.stats().requests_finished == 3)
+    await eventually(lambda: engine.stats().requests_finished == 3, within=10)
 
 
 async def test_health_marks_down_and_readmits(

@@ -9,7 +9,6 @@ its capacity minus what that row bills: the settlement reached Redis before its 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -22,11 +21,13 @@ import httpx
 import psycopg
 import pytest
 
-from fleet_core.devtools.stub_engine import StubSettings, running_stub
+from fleet_core.devtools.stub_engine import StubSettings, create_app
+from fleet_testing.asgi import serving
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import eventually
 
 from .conftest import issue_tenant_key
 from .money import bucket_level
-from .test_config_and_cli import free_port
 
 TPM = 6000
 
@@ -42,7 +43,9 @@ async def test_sigterm_mid_stream_settles_before_redis_closes(
 ) -> None:
     key = await issue_tenant_key(control_plane, tpm=TPM)
     reply = " ".join(["word"] * 200)
-    async with running_stub(StubSettings(model="m", token_delay_ms=50, reply=reply)) as engine:
+    async with serving(
+        create_app(StubSettings(model="m", token_delay_ms=50, reply=reply))
+    ) as engine:
         config = tmp_path / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: m\n    model: m\n    base_url: {engine}\n")
         port = free_port()
@@ -94,15 +97,15 @@ def _gateway(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 async def _until_ready(url: str, proc: subprocess.Popen[str], within_s: float = 20) -> None:
     """Ready, polled without blocking this loop (it serves the stub engine the gateway checks)."""
-    deadline = time.monotonic() + within_s
     async with httpx.AsyncClient() as http:
-        while True:
+
+        async def ready() -> bool:
             assert proc.poll() is None, "the gateway exited"
             with contextlib.suppress(httpx.HTTPError):
-                if (await http.get(f"{url}/readyz")).status_code == 200:
-                    return
-            assert time.monotonic() < deadline, "the gateway never became ready"
-            await asyncio.sleep(0.1)
+                return (await http.get(f"{url}/readyz")).status_code == 200
+            return False
+
+        await eventually(ready, within=within_s, what="the gateway ready")
 
 
 async def _stream_until_sigterm(url: str, key: str, proc: subprocess.Popen[str]) -> int:

@@ -6,7 +6,7 @@ stream finishes (its settlement meets a dead Redis), and the proxy resumes.
 
 The settlement made while Redis was down fails (logged and counted in
 ``fleet_rate_limiter_store_errors_total``), is kept, and is sent again with backoff once Redis is
-back (issue 13), under the same batch id so that it is applied once: the books come out exact.
+back, under the same batch id so that it is applied once: the books come out exact.
 A gateway stopped while Redis is still down gives up on such a settlement within a bound, and
 says so (one log line; ``fleet_settlements_dropped_total``, see ``admission/test_settling.py``).
 """
@@ -16,19 +16,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
 import msgspec
 import pytest
 
-from fleet_core.devtools.stub_engine import running_app
 from fleet_core.gateway.admission.service import DRAIN_S
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.settings import GatewaySettings, LogSettings, admission_from_env
 from fleet_testing import servers
+from fleet_testing.asgi import serving
 from fleet_testing.fix_fault_engine import (
     END,
     FaultEngineFactory,
@@ -39,6 +39,7 @@ from fleet_testing.fix_fault_engine import (
     usage_frame,
 )
 from fleet_testing.fix_proxy import ProxyFactory
+from fleet_testing.waiting import eventually
 
 from .conftest import MSG, TPM, Rig, RigFactory
 from .money import billed, bucket_level, in_flight, metric, records
@@ -70,7 +71,9 @@ async def cut(start_rig: RigFactory, redis_url: str, tcp_proxy: ProxyFactory) ->
     rig = await start_rig(env={"FLEET_REDIS_URL": proxy.url_for(redis_url)}, read_timeout_s=5)
     rig.engine.then(_interrupted_stream())
     stream = asyncio.create_task(rig.send(stream=True))
-    await _until(lambda: rig.engine.hits == 1)  # admitted (Redis charged it) and streaming
+    await eventually(
+        lambda: rig.engine.hits == 1, within=5
+    )  # admitted (Redis charged it) and streaming
     reserved = await bucket_level(redis_url, rig.books.tpm_key)
     assert reserved is not None
     assert reserved < TPM - 1000  # max_tokens 1000 + the prompt
@@ -78,7 +81,7 @@ async def cut(start_rig: RigFactory, redis_url: str, tcp_proxy: ProxyFactory) ->
     response = await stream
     assert response.status_code == 200, response.text
     assert '"error"' not in response.text  # the stream itself never needed Redis
-    await _until_async(lambda: _store_errors(rig.gw.url), within_s=10)  # its settlement failed
+    await eventually(lambda: _store_errors(rig.gw.url), within=10)  # its settlement failed
     await asyncio.to_thread(proxy.resume)
     return Cut(rig, reserved)
 
@@ -99,7 +102,7 @@ async def test_redis_cut_mid_stream_records_once_and_the_gateway_recovers(cut: C
 
 
 async def test_redis_cut_mid_stream_then_resumed_keeps_the_books_exact(cut: Cut) -> None:
-    """Issue 13: the settlement that met a dead Redis is kept and sent again once Redis is back,
+    """The settlement that met a dead Redis is kept and sent again once Redis is back,
     so the tpm bucket comes back to capacity minus what the record bills."""
     await cut.rig.books.check(admitted=1)
 
@@ -115,7 +118,7 @@ async def _gateway(engine_url: str, redis_url: str, prefix: str) -> AsyncIterato
     )
     async with (
         open_resources(settings) as resources,
-        running_app(create_gateway_app(settings, resources)) as url,
+        serving(create_gateway_app(settings, resources)) as url,
     ):
         yield url
 
@@ -127,7 +130,7 @@ async def test_stopping_while_redis_is_down_and_a_settlement_awaits_its_retry_is
     tcp_proxy: ProxyFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 13: the kept settlement's retry is asleep (backoff) and Redis refuses connections
+    """The kept settlement's retry is asleep (backoff) and Redis refuses connections
     when the gateway stops: shutdown ends within its bound and names what it gave up on."""
     target = servers.address_of(redis_url)
     proxy = tcp_proxy(target.host, target.port)
@@ -139,10 +142,10 @@ async def test_stopping_while_redis_is_down_and_a_settlement_awaits_its_retry_is
         body = {"model": "m", "messages": MSG, "max_tokens": 1000, "stream": True}
         async with httpx.AsyncClient(timeout=30) as http:
             stream = asyncio.create_task(http.post(f"{url}/v1/chat/completions", json=body))
-            await _until(lambda: engine.hits == 1)  # admitted while Redis was up
+            await eventually(lambda: engine.hits == 1, within=5)  # admitted while Redis was up
             await asyncio.to_thread(proxy.cut)
             assert (await stream).status_code == 200
-        await _until_async(lambda: _store_errors(url, at_least=2), within_s=10)  # retried once
+        await eventually(lambda: _store_errors(url, at_least=2), within=10)  # retried once
         started = loop.time()
     assert loop.time() - started < SHUTDOWN_WITHIN_S
     given_up = [r.getMessage() for r in caplog.records if "settlement batches" in r.getMessage()]
@@ -152,17 +155,3 @@ async def test_stopping_while_redis_is_down_and_a_settlement_awaits_its_retry_is
 
 async def _store_errors(url: str, at_least: int = 1) -> bool:
     return await metric(url, STORE_ERRORS) >= at_least
-
-
-async def _until(check: Callable[[], bool], within_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)
-
-
-async def _until_async(check: Callable[[], Awaitable[bool]], within_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.05)

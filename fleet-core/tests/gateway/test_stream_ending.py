@@ -1,4 +1,4 @@
-"""How a stream ends over ASGI (issue 21): the frames of the read that brought the engine's end
+"""How a stream ends over ASGI: the frames of the read that brought the engine's end
 are the response's last body (``more_body: False``), not followed by an empty one; a stream whose
 end comes in a later read still sends each read's frames at once and ends with an empty body.
 Real HTTP on both sides: a raw-socket engine, the gateway served by a real server, with every
@@ -13,11 +13,11 @@ import httpx
 import msgspec
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fleet_core.devtools.stub_engine import running_app
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.metering.records import EngineUsage
 from fleet_core.gateway.settings import GatewaySettings, LogSettings
+from fleet_testing.asgi import serving
 from fleet_testing.fix_fault_engine import (
     END,
     FaultEngine,
@@ -58,7 +58,7 @@ async def _stream(
     settings = GatewaySettings(config=config, log=LogSettings(access=False))
     app = create_gateway_app(settings, await stack.enter_async_context(open_resources(settings)))
     sent: list[tuple[float, Message]] = []
-    url = await stack.enter_async_context(running_app(_recording(app, sent)))
+    url = await stack.enter_async_context(serving(_recording(app, sent)))
     engine.then(script)
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:

@@ -1,4 +1,4 @@
-"""``fleet-gateway --workers N`` (issue 21): N real worker processes on one port behave as one
+"""``fleet-gateway --workers N``: N real worker processes on one port behave as one
 gateway — limits exact across workers, metrics that add up, SIGTERM drains every worker.
 
 Each test starts a real supervisor with two workers; ``spread`` checks (through /proc, psutil)
@@ -26,13 +26,16 @@ from hypothesis import strategies as st
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from fleet_core.devtools.stub_engine import StubSettings, running_stub
+from fleet_core.devtools.stub_engine import StubSettings, create_app
 from fleet_core.gateway import workers
 from fleet_core.shared.errors import ConfigError
+from fleet_testing.asgi import serving
+from fleet_testing.ports import free_port
+from fleet_testing.waiting import until_answers
 
 from .conftest import issue_tenant_key
 from .test_admission_processes import KEY, OPS, burst_client, chat
-from .test_config_and_cli import free_port, run_cli, wait_until_up
+from .test_config_and_cli import run_cli
 
 
 @given(
@@ -96,7 +99,7 @@ async def supervised(
 ) -> AsyncIterator[tuple[str, subprocess.Popen[str]]]:
     """A stub engine and ``fleet-gateway --workers 2 --server SERVER`` in front of it:
     (url, supervisor)."""
-    async with running_stub(StubSettings(model="m", **stub)) as engine:  # type: ignore[arg-type]
+    async with serving(create_app(StubSettings(model="m", **stub))) as engine:  # type: ignore[arg-type]
         config = tmp_path / "fleet.yaml"
         config.write_text(f"upstreams:\n  - id: a\n    model: m\n    base_url: {engine}\n")
         port = free_port()
@@ -266,7 +269,7 @@ async def test_a_workers_counts_reach_the_files_in_its_sigterm_drain(tmp_path: P
     (tmp_path / "metrics").mkdir()
     reply = " ".join(["word"] * 20)
     async with (
-        running_stub(StubSettings(model="m", token_delay_ms=50, reply=reply)) as engine,
+        serving(create_app(StubSettings(model="m", token_delay_ms=50, reply=reply))) as engine,
         _one_worker(tmp_path, engine, env) as (url, proc),
         burst_client() as http,
     ):
@@ -297,7 +300,9 @@ async def _one_worker(
     port = free_port()
     proc = _worker_zero(config, port, env)
     try:
-        await asyncio.to_thread(wait_until_up, f"http://127.0.0.1:{port}", proc)
+        await asyncio.to_thread(
+            until_answers, f"http://127.0.0.1:{port}/healthz", proc, what="fleet-gateway"
+        )
         yield f"http://127.0.0.1:{port}", proc
     finally:
         if proc.poll() is None:
@@ -419,7 +424,7 @@ def test_a_killed_demo_gateway_leaves_no_stub_engine() -> None:
     ]
     proc = subprocess.Popen(command, stderr=subprocess.DEVNULL)
     try:
-        wait_until_up(f"http://127.0.0.1:{port}", proc)  # type: ignore[arg-type]
+        until_answers(f"http://127.0.0.1:{port}/healthz", proc, what="fleet-gateway")
         [stub] = psutil.Process(proc.pid).children()
         proc.kill()
         proc.wait(timeout=10)

@@ -1,6 +1,6 @@
 """Deliberately broken servers for the smoke command's tests: each answers most calls the way a
 working Fleet does and gets one thing wrong, so a test can show that the check meant to catch it
-does. Served for real over loopback (``running_app``); nothing is patched."""
+does. Served for real over loopback (``fleet_testing.asgi.serving``); nothing is patched."""
 
 from __future__ import annotations
 

@@ -6,18 +6,14 @@ off. The whole command passing against the real system is e2e/tests/test_make_de
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import socket
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from starlette.applications import Starlette
 
-from fleet_core.devtools.stub_engine import running_app
+from fleet_testing import processes
+from fleet_testing.asgi import serving
 
 from . import fakes
 
@@ -59,47 +55,11 @@ def admin_file(tmp_path: Path) -> Path:
     return path
 
 
-@contextlib.asynccontextmanager
-async def serving(app: Starlette) -> AsyncIterator[str]:
-    async with running_app(app) as url:
-        yield url
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
-async def open_gateway() -> AsyncIterator[str]:
+async def open_gateway(tmp_path: Path) -> AsyncIterator[str]:
     """A real ``fleet-gateway --demo`` with neither auth nor limits: anyone is served."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "fleet_core.gateway",
-        "--demo",
-        "--listen",
-        f"127.0.0.1:{port}",
-        env={**env, "FLEET_ACCESS_LOG": "false"},
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.returncode is None, "the demo gateway exited"
-            with contextlib.suppress(OSError):
-                socket.create_connection(("127.0.0.1", port), 0.5).close()
-                break
-            assert time.monotonic() < deadline, "the demo gateway did not listen"
-            await asyncio.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        await process.wait()
+    with processes.processes(tmp_path) as procs:
+        yield await asyncio.to_thread(processes.gateway, procs, {}, ["--demo"])
 
 
 def _against(

@@ -7,7 +7,6 @@ of 30-second heartbeats is 86,400 reports); endpoint placements come from one re
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
@@ -16,9 +15,9 @@ import httpx
 import psycopg
 import pytest
 
-from fleet_core.control_plane.app import ApiserverSettings, create_apiserver_app, open_resources
-from fleet_core.devtools.stub_engine import running_app
+from fleet_core.control_plane.app import ApiserverSettings
 from fleet_core.shared.settings import LogSettings
+from fleet_testing.asgi import control_plane_app
 from fleet_testing.fix_auth import bearer
 
 ADMIN_TOKEN = "costs-tests-admin-token-0123456789abcdef"
@@ -27,14 +26,12 @@ ADMIN = bearer(ADMIN_TOKEN)
 
 
 @pytest.fixture
-async def api(postgres_url: str) -> AsyncIterator[str]:
+async def control_plane_url(postgres_url: str) -> AsyncIterator[str]:
     settings = ApiserverSettings(
         log=LogSettings(access=False), database_url=postgres_url, admin_token=ADMIN_TOKEN
     )
-    async with contextlib.AsyncExitStack() as stack:
-        resources = await stack.enter_async_context(open_resources(settings))
-        app = create_apiserver_app(settings, resources)
-        yield await stack.enter_async_context(running_app(app))
+    async with control_plane_app(settings) as url:
+        yield url
 
 
 def inventory(
@@ -76,9 +73,9 @@ def inventory(
     }
 
 
-async def put_inventory(api: str, report: dict[str, Any]) -> None:
+async def put_inventory(control_plane_url: str, report: dict[str, Any]) -> None:
     async with httpx.AsyncClient(headers=ADMIN) as http:
-        response = await http.put(f"{api}/api/v1/inventory", json=report)
+        response = await http.put(f"{control_plane_url}/api/v1/inventory", json=report)
     assert response.status_code == 200, response.text
 
 

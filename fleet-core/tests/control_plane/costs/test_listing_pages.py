@@ -23,9 +23,11 @@ async def _every(http: httpx.AsyncClient, path: str) -> list[dict[str, Any]]:
         params = {"limit": "1", "after": page["next"]}
 
 
-async def test_rates_and_months_page_one_row_at_a_time(api: str, postgres_url: str) -> None:
-    await seed(api, postgres_url)  # the k3s-dev rate that holds "always"
-    async with httpx.AsyncClient(base_url=api, headers=ADMIN) as http:
+async def test_rates_and_months_page_one_row_at_a_time(
+    control_plane_url: str, postgres_url: str
+) -> None:
+    await seed(control_plane_url, postgres_url)  # the k3s-dev rate that holds "always"
+    async with httpx.AsyncClient(base_url=control_plane_url, headers=ADMIN) as http:
         for cluster, start in (("k3s-dev", "2026-09-15T00:00:00Z"), ("a-first", None)):
             body = {**RATE, "cluster": cluster, **({"effectiveFrom": start} if start else {})}
             assert (await http.post("/api/v1/cost-rates", json=body)).status_code == 201
@@ -36,6 +38,6 @@ async def test_rates_and_months_page_one_row_at_a_time(api: str, postgres_url: s
             ("k3s-dev", "2026-09-15T00:00:00Z"),
         ]
         for month in ("2026-09", "2026-10"):
-            assert (await close(api, month, minCoverage="0")).status_code == 200
+            assert (await close(control_plane_url, month, minCoverage="0")).status_code == 200
         months = await _every(http, "/api/v1/cost-periods")
         assert [m["period"] for m in months] == ["2026-09", "2026-10"]

@@ -30,26 +30,32 @@ REQUESTS = [
 HOUR_US = 3_600_000_000
 
 
-async def seed(api: str, url: str, *, until: str = SEP[1], rate: bool = True) -> None:
+async def seed(control_plane_url: str, url: str, *, until: str = SEP[1], rate: bool = True) -> None:
     """k3s-dev: two GPUs watched every 30 s from September 1st to ``until``."""
-    await put_inventory(api, inventory("k3s-dev", at=SEP[0], gpus=2, endpoints={E1: 1, E2: 1}))
+    await put_inventory(
+        control_plane_url, inventory("k3s-dev", at=SEP[0], gpus=2, endpoints={E1: 1, E2: 1})
+    )
     await heartbeats(url, "k3s-dev", start=SEP[0], end=until, gpus=2)
     await ledger(url, REQUESTS)
     if rate:
         async with httpx.AsyncClient(headers=ADMIN) as http:
-            assert (await http.post(f"{api}/api/v1/cost-rates", json=RATE)).status_code == 201
+            assert (
+                await http.post(f"{control_plane_url}/api/v1/cost-rates", json=RATE)
+            ).status_code == 201
 
 
-async def close(api: str, period: str, **params: str) -> httpx.Response:
+async def close(control_plane_url: str, period: str, **params: str) -> httpx.Response:
     async with httpx.AsyncClient(headers=ADMIN, timeout=30) as http:
-        return await http.put(f"{api}/api/v1/cost-periods/{period}", params=params)
+        return await http.put(f"{control_plane_url}/api/v1/cost-periods/{period}", params=params)
 
 
-async def test_a_month_closes_with_the_figures_worked_by_hand(api: str, postgres_url: str) -> None:
-    await seed(api, postgres_url)
+async def test_a_month_closes_with_the_figures_worked_by_hand(
+    control_plane_url: str, postgres_url: str
+) -> None:
+    await seed(control_plane_url, postgres_url)
     # a request on an endpoint no inventory report ever listed: counted, carries no weight
     await ledger(postgres_url, [("r0", "acme", "research", "http://elsewhere:1", *SEP)])
-    response = await close(api, "2026-09")
+    response = await close(control_plane_url, "2026-09")
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["unplacedRequests"] == 1
@@ -88,8 +94,8 @@ async def test_a_month_closes_with_the_figures_worked_by_hand(api: str, postgres
     assert cluster["busyGpuMicroseconds"] == 2 * HOUR_US
     assert cluster["observedSeconds"] == 30 * 86_400
     async with httpx.AsyncClient(headers=ADMIN) as http:
-        again = (await http.get(f"{api}/api/v1/cost-periods/2026-09")).json()
-        listing = (await http.get(f"{api}/api/v1/cost-periods")).json()
+        again = (await http.get(f"{control_plane_url}/api/v1/cost-periods/2026-09")).json()
+        listing = (await http.get(f"{control_plane_url}/api/v1/cost-periods")).json()
     assert again == report
     assert [(p["period"], p["pool"], p["frozenBy"]) for p in listing["data"]] == [
         ("2026-09", 4_608_000_000, None)
@@ -97,38 +103,40 @@ async def test_a_month_closes_with_the_figures_worked_by_hand(api: str, postgres
 
 
 async def test_a_rate_change_mid_month_prices_each_part_at_its_rate(
-    api: str, postgres_url: str
+    control_plane_url: str, postgres_url: str
 ) -> None:
-    await seed(api, postgres_url)
+    await seed(control_plane_url, postgres_url)
     async with httpx.AsyncClient(headers=ADMIN) as http:
         later = {**RATE, "gpuHourMicro": 1_600_000, "effectiveFrom": "2026-09-16T00:00:00Z"}
-        assert (await http.post(f"{api}/api/v1/cost-rates", json=later)).status_code == 201
-        duplicate = await http.post(f"{api}/api/v1/cost-rates", json=later)
+        assert (
+            await http.post(f"{control_plane_url}/api/v1/cost-rates", json=later)
+        ).status_code == 201
+        duplicate = await http.post(f"{control_plane_url}/api/v1/cost-rates", json=later)
         assert duplicate.status_code == 409
-        rates = (await http.get(f"{api}/api/v1/cost-rates", params={"cluster": "k3s-dev"})).json()[
-            "data"
-        ]
+        rates = (
+            await http.get(f"{control_plane_url}/api/v1/cost-rates", params={"cluster": "k3s-dev"})
+        ).json()["data"]
     assert [r["effectiveFrom"] for r in rates] == [None, "2026-09-16T00:00:00Z"]
-    report = (await close(api, "2026-09")).json()
+    report = (await close(control_plane_url, "2026-09")).json()
     assert report["pool"] == 2 * 360 * 3_200_000 + 2 * 360 * 1_600_000
     # busy time is valued at the cluster's mean observed rate (2.40 USD here)
     assert report["busy"] == 2 * 2_400_000
 
 
 async def test_a_month_it_did_not_watch_is_refused_naming_the_coverage(
-    api: str, postgres_url: str
+    control_plane_url: str, postgres_url: str
 ) -> None:
-    await seed(api, postgres_url, until="2026-09-11T00:00:00Z")  # ten days of thirty
+    await seed(control_plane_url, postgres_url, until="2026-09-11T00:00:00Z")  # ten days of thirty
     # and reporting again in October: it existed all along, unwatched for twenty days
     await heartbeats(postgres_url, "k3s-dev", start=OCT[0], end="2026-10-01T00:01:00Z", gpus=2)
-    refused = await close(api, "2026-09")
+    refused = await close(control_plane_url, "2026-09")
     assert refused.status_code == 400
     error = refused.json()["error"]
     assert error["code"] == "insufficient_coverage"
     assert error["param"] == "minCoverage"
     assert "33.34%" in error["message"]  # ten days, and 60 s the last sample holds
     assert "k3s-dev" in error["message"]
-    forced = await close(api, "2026-09", minCoverage="0")
+    forced = await close(control_plane_url, "2026-09", minCoverage="0")
     assert forced.status_code == 200
     report = forced.json()
     assert report["forced"] is True
@@ -138,32 +146,34 @@ async def test_a_month_it_did_not_watch_is_refused_naming_the_coverage(
     assert report["pool"] == 1_536_106_667
 
 
-async def test_a_fresh_deployment_has_watched_nothing(api: str) -> None:
-    refused = await close(api, "2026-09")
+async def test_a_fresh_deployment_has_watched_nothing(control_plane_url: str) -> None:
+    refused = await close(control_plane_url, "2026-09")
     assert refused.status_code == 400
     assert "observed 0.00%" in refused.json()["error"]["message"]
-    forced = (await close(api, "2026-09", minCoverage="0")).json()
+    forced = (await close(control_plane_url, "2026-09", minCoverage="0")).json()
     assert (forced["pool"], forced["forced"], forced["currency"]) == (0, True, None)
 
 
-async def test_a_cluster_with_gpus_and_no_rate_is_named(api: str, postgres_url: str) -> None:
-    await seed(api, postgres_url, rate=False)
-    refused = await close(api, "2026-09")
+async def test_a_cluster_with_gpus_and_no_rate_is_named(
+    control_plane_url: str, postgres_url: str
+) -> None:
+    await seed(control_plane_url, postgres_url, rate=False)
+    refused = await close(control_plane_url, "2026-09")
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "cost_rate_missing"
     assert "'k3s-dev'" in refused.json()["error"]["message"]
 
 
 async def test_reclosing_books_the_difference_into_the_next_month_then_freezes(
-    api: str, postgres_url: str
+    control_plane_url: str, postgres_url: str
 ) -> None:
-    await seed(api, postgres_url, until=OCT[1])
-    first = (await close(api, "2026-09")).json()
+    await seed(control_plane_url, postgres_url, until=OCT[1])
+    first = (await close(control_plane_url, "2026-09")).json()
     # a late batch of September rows arrives: initech used e2 for half an hour
     await ledger(
         postgres_url, [("r4", "initech", "web", E2, "2026-09-02T00:00:00Z", "2026-09-02T00:30:00Z")]
     )
-    reclosed = await close(api, "2026-09")
+    reclosed = await close(control_plane_url, "2026-09")
     assert reclosed.status_code == 200
     report = reclosed.json()
     assert report["allocations"] == first["allocations"]  # the issued month is not rewritten
@@ -177,7 +187,7 @@ async def test_reclosing_books_the_difference_into_the_next_month_then_freezes(
         ("initech", "web"): 921_600_000,
     }
     assert sum(booked.values()) == 0  # the pool did not change, only its split
-    october = await close(api, "2026-10")
+    october = await close(control_plane_url, "2026-10")
     assert october.status_code == 200
     corrections = october.json()["corrections"]
     assert {(c["fromPeriod"], c["tenant"], c["project"], c["amount"]) for c in corrections} == {
@@ -193,21 +203,25 @@ async def test_reclosing_books_the_difference_into_the_next_month_then_freezes(
             "due": 921_600_000,
         }
     ]
-    frozen = await close(api, "2026-09")
+    frozen = await close(control_plane_url, "2026-09")
     assert frozen.status_code == 409
     assert frozen.json()["error"]["code"] == "period_frozen"
     assert "2026-10" in frozen.json()["error"]["message"]
     async with httpx.AsyncClient(headers=ADMIN) as http:
-        listing = (await http.get(f"{api}/api/v1/cost-periods")).json()["data"]
+        listing = (await http.get(f"{control_plane_url}/api/v1/cost-periods")).json()["data"]
     assert [(p["period"], p["frozenBy"], p["recomputes"]) for p in listing] == [
         ("2026-09", "2026-10", 1),
         ("2026-10", None, 0),
     ]
 
 
-async def test_closing_twice_at_once_leaves_one_report(api: str, postgres_url: str) -> None:
-    await seed(api, postgres_url)
-    first, second = await asyncio.gather(close(api, "2026-09"), close(api, "2026-09"))
+async def test_closing_twice_at_once_leaves_one_report(
+    control_plane_url: str, postgres_url: str
+) -> None:
+    await seed(control_plane_url, postgres_url)
+    first, second = await asyncio.gather(
+        close(control_plane_url, "2026-09"), close(control_plane_url, "2026-09")
+    )
     assert (first.status_code, second.status_code) == (200, 200)
     assert first.json() == second.json()
     assert first.json()["recomputes"] == 0
@@ -218,12 +232,12 @@ async def test_closing_twice_at_once_leaves_one_report(api: str, postgres_url: s
         assert await cursor.fetchone() == (0,)
 
 
-async def test_the_report_as_csv_for_finance(api: str, postgres_url: str) -> None:
-    await seed(api, postgres_url)
-    closed = await close(api, "2026-09", format="csv")
+async def test_the_report_as_csv_for_finance(control_plane_url: str, postgres_url: str) -> None:
+    await seed(control_plane_url, postgres_url)
+    closed = await close(control_plane_url, "2026-09", format="csv")
     async with httpx.AsyncClient(headers=ADMIN) as http:
         accepted = await http.get(
-            f"{api}/api/v1/cost-periods/2026-09", headers={"Accept": "text/csv"}
+            f"{control_plane_url}/api/v1/cost-periods/2026-09", headers={"Accept": "text/csv"}
         )
     for response in (closed, accepted):
         assert response.status_code == 200
@@ -255,10 +269,17 @@ async def test_the_report_as_csv_for_finance(api: str, postgres_url: str) -> Non
     ],
 )
 async def test_mistakes_are_4xx(
-    api: str, method: str, path: str, params: dict[str, Any], status: int, param: str | None
+    control_plane_url: str,
+    method: str,
+    path: str,
+    params: dict[str, Any],
+    status: int,
+    param: str | None,
 ) -> None:
     async with httpx.AsyncClient(headers=ADMIN) as http:
-        response = await http.request(method, f"{api}/api/v1/cost-periods/{path}", params=params)
+        response = await http.request(
+            method, f"{control_plane_url}/api/v1/cost-periods/{path}", params=params
+        )
     assert response.status_code == status, response.text
     assert response.json()["error"]["param"] == param
 
@@ -274,9 +295,9 @@ async def test_mistakes_are_4xx(
     ],
 )
 async def test_a_bad_rate_is_400_naming_the_field(
-    api: str, body: dict[str, Any], param: str
+    control_plane_url: str, body: dict[str, Any], param: str
 ) -> None:
     async with httpx.AsyncClient(headers=ADMIN) as http:
-        response = await http.post(f"{api}/api/v1/cost-rates", json=body)
+        response = await http.post(f"{control_plane_url}/api/v1/cost-rates", json=body)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param

@@ -13,13 +13,13 @@ from typing import Any
 import httpx
 import pytest
 
-from fleet_core.control_plane.app import ApiserverSettings, create_apiserver_app, open_resources
+from fleet_core.control_plane.app import ApiserverSettings
 from fleet_core.control_plane.registry.objects import DirectoryStore, ObjectStore
 from fleet_core.control_plane.registry.s3 import S3Settings, S3Store
 from fleet_core.control_plane.registry.settings import RegistrySettings
 from fleet_core.devtools.hub import Hub, create_hub_app, default_repos
-from fleet_core.devtools.stub_engine import running_app
 from fleet_core.shared.settings import LogSettings
+from fleet_testing.asgi import control_plane_app, serving
 from fleet_testing.fix_s3 import S3Server
 
 TERMINAL = {"Ready", "Failed", "Cancelled", "Registered"}
@@ -35,7 +35,7 @@ class HubUnderTest:
 async def hub() -> AsyncIterator[HubUnderTest]:
     """The synthetic hub on loopback; its slow repository sends 1 MiB/s (4 MiB)."""
     served = Hub(default_repos(slow_bytes_per_s=1 << 20))
-    async with running_app(create_hub_app(served), graceful_timeout=0.2) as url:
+    async with serving(create_hub_app(served), grace_s=0.2) as url:
         yield HubUnderTest(served, url)
 
 
@@ -95,10 +95,7 @@ async def start_control_plane(
                 admin_token=admin_token,
             )
             stack = contextlib.AsyncExitStack()
-            resources = await stack.enter_async_context(open_resources(settings))
-            url = await stack.enter_async_context(
-                running_app(create_apiserver_app(settings, resources))
-            )
+            url = await stack.enter_async_context(control_plane_app(settings))
             outer.push_async_callback(stack.aclose)
             return ControlPlane(url, stack.aclose, admin_headers)
 
@@ -106,7 +103,9 @@ async def start_control_plane(
 
 
 @pytest.fixture
-async def api(start_control_plane: ControlPlaneFactory) -> AsyncIterator[httpx.AsyncClient]:
+async def control_plane_client(
+    start_control_plane: ControlPlaneFactory,
+) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client on a running control plane (directory store, then SeaweedFS)."""
     plane = await start_control_plane()
     async with httpx.AsyncClient(base_url=plane.url, headers=plane.headers, timeout=30) as http:

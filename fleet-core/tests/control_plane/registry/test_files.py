@@ -27,19 +27,25 @@ from .conftest import ControlPlaneFactory, HubUnderTest, pull_to_end, register
 directory_only = pytest.mark.parametrize("object_store", ["directory"], indirect=True)
 
 
-async def ready(api: httpx.AsyncClient, repo: str, model_id: str) -> list[dict[str, Any]]:
+async def ready(
+    control_plane_client: httpx.AsyncClient, repo: str, model_id: str
+) -> list[dict[str, Any]]:
     """Registers and pulls ``repo`` as ``model_id``; its ``facts.files``."""
-    await register(api, repo, id=model_id)
-    model = await pull_to_end(api, model_id)
+    await register(control_plane_client, repo, id=model_id)
+    model = await pull_to_end(control_plane_client, model_id)
     assert model["status"] == "Ready", model["reason"]
     listed: list[dict[str, Any]] = model["facts"]["files"]
     return listed
 
 
-async def download(api: httpx.AsyncClient, model_id: str, name: str) -> tuple[httpx.Response, str]:
+async def download(
+    control_plane_client: httpx.AsyncClient, model_id: str, name: str
+) -> tuple[httpx.Response, str]:
     """The response (headers) and the sha256 of its body, hashed as it streams in."""
     digest = hashlib.sha256()
-    async with api.stream("GET", f"/api/v1/models/{model_id}/files/{name}") as response:
+    async with control_plane_client.stream(
+        "GET", f"/api/v1/models/{model_id}/files/{name}"
+    ) as response:
         async for chunk in response.aiter_raw():
             digest.update(chunk)
     return response, digest.hexdigest()
@@ -62,12 +68,12 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
     ],
 )
 async def test_every_file_of_a_ready_model_downloads_with_its_hash(
-    api: httpx.AsyncClient, hub: HubUnderTest, repo: str, names: set[str]
+    control_plane_client: httpx.AsyncClient, hub: HubUnderTest, repo: str, names: set[str]
 ) -> None:
-    listed = await ready(api, repo, "m")
+    listed = await ready(control_plane_client, repo, "m")
     assert {f["path"] for f in listed} == names
     for item in listed:
-        response, sha256 = await download(api, "m", item["path"])
+        response, sha256 = await download(control_plane_client, "m", item["path"])
         assert response.status_code == 200
         assert sha256 == item["sha256"]
         assert response.headers["content-type"] == "application/octet-stream"
@@ -79,17 +85,19 @@ async def test_every_file_of_a_ready_model_downloads_with_its_hash(
 
 @directory_only
 async def test_a_file_in_a_subfolder_is_served_by_its_listed_name(
-    api: httpx.AsyncClient, hub: HubUnderTest
+    control_plane_client: httpx.AsyncClient, hub: HubUnderTest
 ) -> None:
     tiny = hub.hub.repos["fleet/tiny-safetensors"]
     extra = HubFile("extra/generation_config.json", files.config_json(), lfs=False)
     hub.hub.repos["fleet/nested"] = Repo("fleet/nested", (*tiny.files, extra))
-    listed = await ready(api, "fleet/nested", "nested")
+    listed = await ready(control_plane_client, "fleet/nested", "nested")
     assert "extra/generation_config.json" in {f["path"] for f in listed}
-    response, sha256 = await download(api, "nested", "extra/generation_config.json")
+    response, sha256 = await download(
+        control_plane_client, "nested", "extra/generation_config.json"
+    )
     assert response.status_code == 200
     assert sha256 == hashlib.sha256(extra.content).hexdigest()
-    missing = await api.get("/api/v1/models/nested/files/extra")
+    missing = await control_plane_client.get("/api/v1/models/nested/files/extra")
     assert_error(missing, 404, "file_not_found")
 
 
@@ -105,11 +113,13 @@ async def test_a_file_in_a_subfolder_is_served_by_its_listed_name(
     ],
 )
 async def test_a_name_not_in_the_facts_is_404_whatever_the_store_holds(
-    api: httpx.AsyncClient, name: str
+    control_plane_client: httpx.AsyncClient, name: str
 ) -> None:
-    await ready(api, "fleet/tiny-gguf", "m")
-    await ready(api, "fleet/tiny-safetensors", "other")  # its tokenizer.json is in the store
-    response = await api.get(f"/api/v1/models/m/files/{name}")
+    await ready(control_plane_client, "fleet/tiny-gguf", "m")
+    await ready(
+        control_plane_client, "fleet/tiny-safetensors", "other"
+    )  # its tokenizer.json is in the store
+    response = await control_plane_client.get(f"/api/v1/models/m/files/{name}")
     error = assert_error(response, 404, "file_not_found")
     assert error["param"] == "name"
     assert "'m'" in error["message"]
@@ -118,73 +128,83 @@ async def test_a_name_not_in_the_facts_is_404_whatever_the_store_holds(
 
 
 @directory_only
-async def test_an_unknown_model_is_404_and_one_not_ready_is_409(api: httpx.AsyncClient) -> None:
-    unknown = await api.get("/api/v1/models/nope/files/config.json")
+async def test_an_unknown_model_is_404_and_one_not_ready_is_409(
+    control_plane_client: httpx.AsyncClient,
+) -> None:
+    unknown = await control_plane_client.get("/api/v1/models/nope/files/config.json")
     assert_error(unknown, 404, "model_not_found")
-    await register(api, "fleet/tiny-safetensors", id="later")
-    early = await api.get("/api/v1/models/later/files/config.json")
+    await register(control_plane_client, "fleet/tiny-safetensors", id="later")
+    early = await control_plane_client.get("/api/v1/models/later/files/config.json")
     error = assert_error(early, 409, "model_not_ready")
     assert error["message"] == (
         "model 'later' is Registered; its files are served once it is Ready"
     )
-    assert (await api.head("/api/v1/models/later/files/config.json")).status_code == 409
+    assert (
+        await control_plane_client.head("/api/v1/models/later/files/config.json")
+    ).status_code == 409
 
 
-async def test_head_answers_the_headers_without_the_body(api: httpx.AsyncClient) -> None:
-    listed = await ready(api, "fleet/tiny-safetensors", "m")
+async def test_head_answers_the_headers_without_the_body(
+    control_plane_client: httpx.AsyncClient,
+) -> None:
+    listed = await ready(control_plane_client, "fleet/tiny-safetensors", "m")
     weights = next(f for f in listed if f["path"] == "model.safetensors")
-    response = await api.head("/api/v1/models/m/files/model.safetensors")
+    response = await control_plane_client.head("/api/v1/models/m/files/model.safetensors")
     assert response.status_code == 200
     assert response.content == b""
     assert response.headers["content-type"] == "application/octet-stream"
     assert response.headers["content-length"] == str(weights["size"])
     assert response.headers["etag"] == f'"{weights["sha256"]}"'
     assert response.headers["x-fleet-sha256"] == weights["sha256"]
-    missing = await api.head("/api/v1/models/m/files/nope.bin")
+    missing = await control_plane_client.head("/api/v1/models/m/files/nope.bin")
     assert missing.status_code == 404
 
 
 @directory_only
 async def test_the_weights_document_is_the_contract_s_view_of_the_model(
-    api: httpx.AsyncClient, hub: HubUnderTest
+    control_plane_client: httpx.AsyncClient, hub: HubUnderTest
 ) -> None:
-    await register(api, "fleet/tiny-gguf", id="g")
-    before = decode_weights((await api.get("/api/v1/models/g/weights")).content)
+    await register(control_plane_client, "fleet/tiny-gguf", id="g")
+    before = decode_weights((await control_plane_client.get("/api/v1/models/g/weights")).content)
     assert (before.model_id, before.status, before.files) == ("g", "Registered", ())
     assert not before.ready
-    pulled = await pull_to_end(api, "g")
+    pulled = await pull_to_end(control_plane_client, "g")
     assert pulled["status"] == "Ready", pulled["reason"]
     listed = pulled["facts"]["files"]
-    after = decode_weights((await api.get("/api/v1/models/g/weights")).content)
+    after = decode_weights((await control_plane_client.get("/api/v1/models/g/weights")).content)
     assert after.ready
     assert after.format == "gguf"
     assert {(f.path, f.size, f.sha256) for f in after.files} == {
         (f["path"], f["size"], f["sha256"]) for f in listed
     }
-    assert_error(await api.get("/api/v1/models/nope/weights"), 404, "model_not_found")
+    assert_error(
+        await control_plane_client.get("/api/v1/models/nope/weights"), 404, "model_not_found"
+    )
 
 
-async def test_byte_ranges_resume_a_download(api: httpx.AsyncClient, hub: HubUnderTest) -> None:
-    listed = await ready(api, "fleet/tiny-gguf", "m")
+async def test_byte_ranges_resume_a_download(
+    control_plane_client: httpx.AsyncClient, hub: HubUnderTest
+) -> None:
+    listed = await ready(control_plane_client, "fleet/tiny-gguf", "m")
     (gguf,) = [f for f in listed if f["path"].endswith(".gguf")]
     url, size = f"/api/v1/models/m/files/{gguf['path']}", gguf["size"]
-    whole = (await api.get(url)).content
+    whole = (await control_plane_client.get(url)).content
     assert hashlib.sha256(whole).hexdigest() == gguf["sha256"]
 
-    tail = await api.get(url, headers={"Range": "bytes=1000-"})
+    tail = await control_plane_client.get(url, headers={"Range": "bytes=1000-"})
     assert tail.status_code == 206
     assert tail.content == whole[1000:]
     assert tail.headers["content-range"] == f"bytes 1000-{size - 1}/{size}"
     assert tail.headers["content-length"] == str(size - 1000)
     assert tail.headers["accept-ranges"] == "bytes"
-    middle = await api.get(url, headers={"Range": "bytes=10-19"})
+    middle = await control_plane_client.get(url, headers={"Range": "bytes=10-19"})
     assert (middle.status_code, middle.content) == (206, whole[10:20])
-    last = await api.get(url, headers={"Range": "bytes=-5"})
+    last = await control_plane_client.get(url, headers={"Range": "bytes=-5"})
     assert (last.status_code, last.content) == (206, whole[-5:])
-    head = await api.head(url, headers={"Range": "bytes=1000-"})
+    head = await control_plane_client.head(url, headers={"Range": "bytes=1000-"})
     assert (head.status_code, head.headers["content-length"]) == (206, str(size - 1000))
 
-    past = await api.get(url, headers={"Range": f"bytes={size}-"})
+    past = await control_plane_client.get(url, headers={"Range": f"bytes={size}-"})
     assert_error(past, 416, "range_not_satisfiable")
     assert past.headers["content-range"] == f"bytes */{size}"
     # Ignored, as RFC 9110 allows: several ranges, another unit, a stale If-Range.
@@ -194,9 +214,11 @@ async def test_byte_ranges_resume_a_download(api: httpx.AsyncClient, hub: HubUnd
         {"Range": "bytes=5-1"},
         {"Range": "bytes=10-", "If-Range": '"0000"'},
     ):
-        full = await api.get(url, headers=headers)
+        full = await control_plane_client.get(url, headers=headers)
         assert (full.status_code, full.content) == (200, whole), headers
-    same = await api.get(url, headers={"Range": "bytes=10-", "If-Range": f'"{gguf["sha256"]}"'})
+    same = await control_plane_client.get(
+        url, headers={"Range": "bytes=10-", "If-Range": f'"{gguf["sha256"]}"'}
+    )
     assert (same.status_code, same.content) == (206, whole[10:])
 
 
@@ -212,17 +234,21 @@ async def test_with_a_download_endpoint_the_store_serves_the_file_through_a_sign
     s3 = object_store[0].s3
     assert s3 is not None
     plane = await start_control_plane(s3=replace(s3, download_endpoint=s3.endpoint))
-    async with httpx.AsyncClient(base_url=plane.url, headers=plane.headers, timeout=30) as api:
-        listed = await ready(api, "fleet/tiny-gguf", "m")
+    async with httpx.AsyncClient(
+        base_url=plane.url, headers=plane.headers, timeout=30
+    ) as control_plane_client:
+        listed = await ready(control_plane_client, "fleet/tiny-gguf", "m")
         (gguf,) = [f for f in listed if f["path"].endswith(".gguf")]
         url = f"/api/v1/models/m/files/{gguf['path']}"
-        redirected = await api.get(url)
+        redirected = await control_plane_client.get(url)
         assert redirected.status_code == 307
         assert redirected.headers["x-fleet-sha256"] == gguf["sha256"]
         location = redirected.headers["location"]
         assert location.startswith(f"http://{s3.endpoint}/")
         assert "X-Amz-Signature=" in location
-        assert (await api.head(url)).status_code == 200  # HEAD answers from the facts
+        assert (
+            await control_plane_client.head(url)
+        ).status_code == 200  # HEAD answers from the facts
         async with httpx.AsyncClient(timeout=30) as outside:  # as a pod: no credentials
             whole = await outside.get(location)
             assert hashlib.sha256(whole.content).hexdigest() == gguf["sha256"]

@@ -91,7 +91,7 @@ async def test_safetensors_without_config_is_not_loadable() -> None:
 
 
 async def test_a_repository_of_several_quantizations_has_the_facts_of_each() -> None:
-    """Issue 16 item 6: with ``weightFile`` only one GGUF model is fetched and served, so its size
+    """With ``weightFile`` only one GGUF model is fetched and served, so its size
     is its own file's (a split model's, all its parts'), and the parameters are one model's, not
     a sum over every quantization the repository holds."""
     stored = {

@@ -9,11 +9,12 @@ import msgspec
 import pytest
 from tokenizers import Tokenizer
 
-from fleet_core.devtools.stub_engine import StubSettings, create_app, running_app
+from fleet_core.devtools.stub_engine import StubSettings, create_app
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, validate
 from fleet_core.gateway.settings import GatewaySettings, LogSettings, from_env
 from fleet_core.shared.errors import ConfigError
+from fleet_testing.asgi import serving
 from fleet_testing.fix_auth import bearer
 
 from .conftest import ControlPlaneFactory, pull_to_end, register
@@ -26,13 +27,21 @@ async def test_the_gateway_counts_with_the_registry_tokenizer(
     start_control_plane: ControlPlaneFactory,
 ) -> None:
     plane = await start_control_plane()
-    async with httpx.AsyncClient(base_url=plane.url, headers=plane.headers, timeout=30) as api:
-        await register(api, "fleet/tiny-safetensors", id="tiny")
-        assert (await pull_to_end(api, "tiny"))["status"] == "Ready"
+    async with httpx.AsyncClient(
+        base_url=plane.url, headers=plane.headers, timeout=30
+    ) as control_plane_client:
+        await register(control_plane_client, "fleet/tiny-safetensors", id="tiny")
+        assert (await pull_to_end(control_plane_client, "tiny"))["status"] == "Ready"
         credential = {"role": "gateway", "label": "gateway"}
-        token = (await api.post("/api/v1/credentials", json=credential)).json()["secret"]
-        envelope = (await api.get("/api/v1/models/tiny/tokenizer")).text  # admin may, too
-        served = (await api.get("/api/v1/models/tiny/tokenizer", headers=bearer(token))).text
+        token = (await control_plane_client.post("/api/v1/credentials", json=credential)).json()[
+            "secret"
+        ]
+        envelope = (
+            await control_plane_client.get("/api/v1/models/tiny/tokenizer")
+        ).text  # admin may, too
+        served = (
+            await control_plane_client.get("/api/v1/models/tiny/tokenizer", headers=bearer(token))
+        ).text
     assert served == envelope
     expected = len(Tokenizer.from_str(served).encode(PROMPT, add_special_tokens=False).ids)
 
@@ -45,7 +54,7 @@ async def test_the_gateway_counts_with_the_registry_tokenizer(
         GatewayConfig,
     )
     async with contextlib.AsyncExitStack() as stack:
-        engine = await stack.enter_async_context(running_app(create_app(StubSettings(model="m"))))
+        engine = await stack.enter_async_context(serving(create_app(StubSettings(model="m"))))
         config = msgspec.structs.replace(
             config, upstreams=(msgspec.structs.replace(config.upstreams[0], base_url=engine),)
         )
@@ -57,9 +66,7 @@ async def test_the_gateway_counts_with_the_registry_tokenizer(
             log=LogSettings(access=False),
         )
         resources = await stack.enter_async_context(open_resources(settings))
-        gateway = await stack.enter_async_context(
-            running_app(create_gateway_app(settings, resources))
-        )
+        gateway = await stack.enter_async_context(serving(create_gateway_app(settings, resources)))
         async with httpx.AsyncClient(base_url=gateway) as http:
             reply = await http.post(
                 "/v1/completions", json={"model": "m", "prompt": PROMPT, "max_tokens": 4}

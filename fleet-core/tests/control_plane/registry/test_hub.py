@@ -67,12 +67,12 @@ def test_generated_files_are_their_formats() -> None:
 
 @directory_only
 async def test_the_token_is_sent_and_never_logged(
-    api: httpx.AsyncClient, hub: HubUnderTest, caplog: pytest.LogCaptureFixture
+    control_plane_client: httpx.AsyncClient, hub: HubUnderTest, caplog: pytest.LogCaptureFixture
 ) -> None:
     hub.hub.token = "hf_sekrit_token_value"
     caplog.set_level(logging.DEBUG)
-    await register(api, "fleet/tiny-gguf", id="anonymous")
-    refused = await pull_to_end(api, "anonymous")
+    await register(control_plane_client, "fleet/tiny-gguf", id="anonymous")
+    refused = await pull_to_end(control_plane_client, "anonymous")
     assert refused["status"] == "Failed"
     assert "refused access" in refused["reason"]
     assert "FLEET_HF_TOKEN" in refused["reason"]

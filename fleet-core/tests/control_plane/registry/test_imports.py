@@ -123,21 +123,25 @@ async def test_the_cli_imports_a_directory_with_its_tokenizer_and_skips_hidden_f
         assert "neither a file nor a directory" in text
 
 
-async def test_progress_is_reported_file_by_file(api: httpx.AsyncClient) -> None:
+async def test_progress_is_reported_file_by_file(control_plane_client: httpx.AsyncClient) -> None:
     config, weights = files.config_json(), SAFETENSORS
-    await start_import(api, "two", entry("config.json", config), entry("m.safetensors", weights))
-    as_json = await api.put("/api/v1/models/two/import/config.json", content=config)
+    await start_import(
+        control_plane_client, "two", entry("config.json", config), entry("m.safetensors", weights)
+    )
+    as_json = await control_plane_client.put(
+        "/api/v1/models/two/import/config.json", content=config
+    )
     assert_error(as_json, 415, "unsupported_media_type")
-    first = await put(api, "two", "config.json", config)
+    first = await put(control_plane_client, "two", "config.json", config)
     assert first.status_code == 200, first.text
     assert first.json()["filesDone"] == 1
     assert first.json()["status"] == "Pulling"
-    progress = (await api.get("/api/v1/models/two/pull")).json()
+    progress = (await control_plane_client.get("/api/v1/models/two/pull")).json()
     assert (progress["filesDone"], progress["filesTotal"]) == (1, 2)
     assert progress["bytesTotal"] == len(config) + len(weights)
-    again = await put(api, "two", "config.json", config)
+    again = await put(control_plane_client, "two", "config.json", config)
     assert_error(again, 409, "file_stored")
-    last = await put(api, "two", "m.safetensors", weights)
+    last = await put(control_plane_client, "two", "m.safetensors", weights)
     assert last.status_code == 200, last.text
     assert last.json()["status"] == "Ready"
     assert last.json()["bytesDone"] == len(config) + len(weights)
@@ -153,25 +157,29 @@ async def test_progress_is_reported_file_by_file(api: httpx.AsyncClient) -> None
     ids=["other-bytes", "too-long", "too-short"],
 )
 async def test_bytes_that_are_not_the_planned_ones_fail_the_import(
-    api: httpx.AsyncClient, objects: ObjectStore, sent: bytes, reason: str
+    control_plane_client: httpx.AsyncClient, objects: ObjectStore, sent: bytes, reason: str
 ) -> None:
-    await start_import(api, "m", entry("m.gguf", GGUF))
-    error = assert_error(await put(api, "m", "m.gguf", sent), 400, "import_failed")
+    await start_import(control_plane_client, "m", entry("m.gguf", GGUF))
+    error = assert_error(await put(control_plane_client, "m", "m.gguf", sent), 400, "import_failed")
     assert reason in error["message"]
-    await assert_failed_and_empty(api, objects, "m", reason)
-    again = await api.post("/api/v1/models/m/import", json={"files": [entry("m.gguf", GGUF)]})
+    await assert_failed_and_empty(control_plane_client, objects, "m", reason)
+    again = await control_plane_client.post(
+        "/api/v1/models/m/import", json={"files": [entry("m.gguf", GGUF)]}
+    )
     assert again.status_code == 202  # a Failed import starts afresh
-    assert (await put(api, "m", "m.gguf", GGUF)).json()["status"] == "Ready"
+    assert (await put(control_plane_client, "m", "m.gguf", GGUF)).json()["status"] == "Ready"
 
 
 async def test_files_that_hash_right_but_do_not_parse_fail_at_the_last_file(
-    api: httpx.AsyncClient, objects: ObjectStore
+    control_plane_client: httpx.AsyncClient, objects: ObjectStore
 ) -> None:
     fake = b"GGUF" + b"\xff" * 60
-    await start_import(api, "fake", entry("fake.gguf", fake))
-    error = assert_error(await put(api, "fake", "fake.gguf", fake), 400, "import_failed")
+    await start_import(control_plane_client, "fake", entry("fake.gguf", fake))
+    error = assert_error(
+        await put(control_plane_client, "fake", "fake.gguf", fake), 400, "import_failed"
+    )
     assert "fake.gguf" in error["message"]
-    await assert_failed_and_empty(api, objects, "fake", "fake.gguf")
+    await assert_failed_and_empty(control_plane_client, objects, "fake", "fake.gguf")
 
 
 @pytest.mark.parametrize(
@@ -187,35 +195,46 @@ async def test_files_that_hash_right_but_do_not_parse_fail_at_the_last_file(
     ],
 )
 async def test_a_bad_plan_is_refused_before_any_byte(
-    api: httpx.AsyncClient, plan: list[dict[str, Any]], param: str
+    control_plane_client: httpx.AsyncClient, plan: list[dict[str, Any]], param: str
 ) -> None:
-    await register_local(api, "m")
-    response = await api.post("/api/v1/models/m/import", json={"files": plan})
+    await register_local(control_plane_client, "m")
+    response = await control_plane_client.post("/api/v1/models/m/import", json={"files": plan})
     assert assert_error(response, 400, response.json()["error"]["code"])["param"] == param
-    assert (await api.get("/api/v1/models/m")).json()["status"] == "Registered"
+    assert (await control_plane_client.get("/api/v1/models/m")).json()["status"] == "Registered"
 
 
-async def test_imports_and_pulls_keep_to_their_own_models(api: httpx.AsyncClient) -> None:
+async def test_imports_and_pulls_keep_to_their_own_models(
+    control_plane_client: httpx.AsyncClient,
+) -> None:
     hf = {"id": "hubbed", "source": {"uri": "hf://fleet/tiny-gguf"}}
-    assert (await api.post("/api/v1/models", json=hf)).status_code == 201
-    refused = await api.post("/api/v1/models/hubbed/import", json={"files": [entry("m", GGUF)]})
+    assert (await control_plane_client.post("/api/v1/models", json=hf)).status_code == 201
+    refused = await control_plane_client.post(
+        "/api/v1/models/hubbed/import", json={"files": [entry("m", GGUF)]}
+    )
     assert_error(refused, 409, "not_an_import")
-    await register_local(api, "local")
-    assert_error(await api.post("/api/v1/models/local/pull"), 409, "imported_model")
-    assert_error(await put(api, "local", "m.gguf", GGUF), 409, "no_import")
-    await start_import(api, "other", entry("m.gguf", GGUF))
-    assert_error(await put(api, "other", "nope.gguf", GGUF), 404, "file_not_found")
-    assert (await put(api, "other", "m.gguf", GGUF)).json()["status"] == "Ready"
-    again = await api.post("/api/v1/models/other/import", json={"files": [entry("m.gguf", GGUF)]})
+    await register_local(control_plane_client, "local")
+    assert_error(
+        await control_plane_client.post("/api/v1/models/local/pull"), 409, "imported_model"
+    )
+    assert_error(await put(control_plane_client, "local", "m.gguf", GGUF), 409, "no_import")
+    await start_import(control_plane_client, "other", entry("m.gguf", GGUF))
+    assert_error(await put(control_plane_client, "other", "nope.gguf", GGUF), 404, "file_not_found")
+    assert (await put(control_plane_client, "other", "m.gguf", GGUF)).json()["status"] == "Ready"
+    again = await control_plane_client.post(
+        "/api/v1/models/other/import", json={"files": [entry("m.gguf", GGUF)]}
+    )
     assert_error(again, 409, "model_busy")
 
 
-def half_sent(api: httpx.AsyncClient, path: str, data: bytes, sent: int) -> socket.socket:
+def half_sent(
+    control_plane_client: httpx.AsyncClient, path: str, data: bytes, sent: int
+) -> socket.socket:
     """A connection that sent the PUT's headers and the first ``sent`` bytes of its body."""
-    address = urlsplit(str(api.base_url))
+    address = urlsplit(str(control_plane_client.base_url))
     raw = socket.create_connection((address.hostname, address.port))
     head = (
-        f"PUT {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {api.headers['authorization']}\r\n"
+        f"PUT {path} HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: {control_plane_client.headers['authorization']}\r\n"
         f"Content-Type: application/octet-stream\r\nContent-Length: {len(data)}\r\n\r\n"
     )
     raw.sendall(head.encode() + data[:sent])
@@ -223,15 +242,15 @@ def half_sent(api: httpx.AsyncClient, path: str, data: bytes, sent: int) -> sock
 
 
 async def test_a_cancel_stops_an_upload_mid_file_and_leaves_nothing(
-    api: httpx.AsyncClient, objects: ObjectStore
+    control_plane_client: httpx.AsyncClient, objects: ObjectStore
 ) -> None:
     half = len(GGUF) // 2
-    await start_import(api, "m", entry("m.gguf", GGUF))
-    with half_sent(api, "/api/v1/models/m/import/m.gguf", GGUF, half) as raw:
-        await _until(api, "m", lambda p: p["bytesDone"] >= half)
-        busy = await put(api, "m", "m.gguf", GGUF)
+    await start_import(control_plane_client, "m", entry("m.gguf", GGUF))
+    with half_sent(control_plane_client, "/api/v1/models/m/import/m.gguf", GGUF, half) as raw:
+        await _until(control_plane_client, "m", lambda p: p["bytesDone"] >= half)
+        busy = await put(control_plane_client, "m", "m.gguf", GGUF)
         assert_error(busy, 409, "import_busy")
-        cancelled = await api.delete("/api/v1/models/m/pull")
+        cancelled = await control_plane_client.delete("/api/v1/models/m/pull")
         assert cancelled.json()["status"] == "Cancelled"
         answer = await asyncio.to_thread(raw.recv, 65536)
     assert answer.startswith(b"HTTP/1.1 409")
@@ -241,14 +260,14 @@ async def test_a_cancel_stops_an_upload_mid_file_and_leaves_nothing(
 
 
 async def test_a_client_that_disconnects_mid_file_fails_the_import(
-    api: httpx.AsyncClient, objects: ObjectStore
+    control_plane_client: httpx.AsyncClient, objects: ObjectStore
 ) -> None:
-    await start_import(api, "m", entry("m.gguf", GGUF))
-    with half_sent(api, "/api/v1/models/m/import/m.gguf", GGUF, 100):
-        await _until(api, "m", lambda p: p["bytesDone"] >= 100)
-    final = await _until(api, "m", lambda p: p["status"] != "Pulling")
+    await start_import(control_plane_client, "m", entry("m.gguf", GGUF))
+    with half_sent(control_plane_client, "/api/v1/models/m/import/m.gguf", GGUF, 100):
+        await _until(control_plane_client, "m", lambda p: p["bytesDone"] >= 100)
+    final = await _until(control_plane_client, "m", lambda p: p["status"] != "Pulling")
     assert "the upload of m.gguf stopped after 100 of" in final["reason"]
-    await assert_failed_and_empty(api, objects, "m", "client disconnected")
+    await assert_failed_and_empty(control_plane_client, objects, "m", "client disconnected")
 
 
 async def test_an_import_does_not_survive_its_control_plane(

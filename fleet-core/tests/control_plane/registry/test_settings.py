@@ -6,11 +6,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from fleet_core.control_plane.app import ApiserverSettings, create_apiserver_app, open_resources
+from fleet_core.control_plane.app import ApiserverSettings
 from fleet_core.control_plane.registry.settings import DEFAULT_HUB_URL, registry_settings
-from fleet_core.devtools.stub_engine import running_app
 from fleet_core.shared.errors import ConfigError
 from fleet_core.shared.settings import LogSettings
+from fleet_testing.asgi import control_plane_app
 from fleet_testing.fix_auth import bearer
 
 from .conftest import HubUnderTest, pull_to_end, register
@@ -71,8 +71,7 @@ async def test_the_control_plane_pulls_from_the_synthetic_hub_as_make_dev_runs_t
         admin_token=admin_token,
     )
     async with (
-        open_resources(settings) as resources,
-        running_app(create_apiserver_app(settings, resources)) as url,
+        control_plane_app(settings) as url,
         httpx.AsyncClient(base_url=url, headers=bearer(admin_token), timeout=30) as http,
     ):
         await register(http, "fleet/tiny-safetensors", id="dev")

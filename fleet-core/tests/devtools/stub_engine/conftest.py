@@ -14,7 +14,8 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from fleet_core.devtools.stub_engine import StubSettings, create_app, running_app
+from fleet_core.devtools.stub_engine import StubSettings, create_app
+from fleet_testing.asgi import serving
 
 MODEL = "stub-model"
 
@@ -27,7 +28,7 @@ async def launch() -> AsyncIterator[Launch]:
 
         async def start(**fields: Any) -> Starlette:
             app = create_app(StubSettings(model=MODEL, **fields))
-            app.state.base_url = await stack.enter_async_context(running_app(app))
+            app.state.base_url = await stack.enter_async_context(serving(app))
             return app
 
         yield start

@@ -13,6 +13,7 @@ import pytest
 from starlette.applications import Starlette
 
 from fleet_core.devtools.stub_engine import DEFAULT_REPLY
+from fleet_testing.waiting import eventually
 
 MODEL = "stub-model"
 Launch = Callable[..., Awaitable[Starlette]]
@@ -24,13 +25,6 @@ async def stats(http: httpx.AsyncClient, app: Starlette) -> dict[str, Any]:
     assert response.status_code == 200
     result: dict[str, Any] = response.json()
     return result
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 3.0) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_stream_breaks_uncleanly_after_n_content_frames(
@@ -119,7 +113,7 @@ async def test_disconnect_mid_stream_cancels_generation(
     async def cancelled() -> bool:
         return bool((await stats(http, app))["requests_cancelled"] == 1)
 
-    await eventually(cancelled)
+    await eventually(cancelled, within=3)
     generated = (await stats(http, app))["tokens_generated"]
     await asyncio.sleep(0.15)  # five more token delays
     after = await stats(http, app)
@@ -154,7 +148,7 @@ async def test_running_and_waiting_are_real_counts(launch: Launch, http: httpx.A
         now = await stats(http, app)
         return bool(now["running"] == 1 and now["waiting"] == 1)
 
-    await eventually(both_in)
+    await eventually(both_in, within=3)
     metrics = (await http.get(f"{app.state.base_url}/metrics")).text
     assert 'vllm:num_requests_running{model_name="stub-model"} 1.0' in metrics
     assert 'vllm:num_requests_waiting{model_name="stub-model"} 1.0' in metrics

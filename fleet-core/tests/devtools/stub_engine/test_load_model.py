@@ -1,4 +1,4 @@
-"""The stub's load model (issue 20): KV occupancy that follows the load, scripted KV pressure,
+"""The stub's load model: KV occupancy that follows the load, scripted KV pressure,
 vLLM's cache_config_info, and a modelled prefix cache that answers faster on a cached prefix."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 from starlette.applications import Starlette
 
 from fleet_core.devtools.stub_engine import StubSettings, main
+from fleet_testing.waiting import eventually
 
-from .test_faults import MODEL, eventually, stats
+from .test_faults import MODEL, stats
 
 Launch = Callable[..., Awaitable[Starlette]]
 
@@ -41,7 +42,7 @@ async def test_kv_occupancy_follows_the_tokens_of_running_requests(
     async def busy() -> bool:
         return bool((await stats(http, app))["running"] == 1)
 
-    await eventually(busy)
+    await eventually(busy, within=3)
     held = (await stats(http, app))["kv_tokens"]  # 5 prompt words + the whole canned reply
     metrics = (await http.get(f"{base}/metrics")).text
     assert gauge(metrics, "vllm:kv_cache_usage_perc") == pytest.approx(min(1, 0.25 + held / 160))

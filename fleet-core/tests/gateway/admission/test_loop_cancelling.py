@@ -1,4 +1,4 @@
-"""Database-mode loops stop when cancelled, even as the pool hands them a connection (issue 13).
+"""Database-mode loops stop when cancelled, even as the pool hands them a connection.
 
 CI once saw a gateway's shutdown time out after 60 s: its key-usage loop (`catalog.KeyUsage.run`)
 was still sleeping long after the lifespan had cancelled it. The cause, reproduced here on a real
@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from fleet_core.gateway.admission.catalog import KeyUsage, refresh_budgets
 from fleet_core.shared.storage.db import open_pool
+from fleet_testing.waiting import eventually
 
 STOP_WITHIN_S = 2.0
 """How soon a cancelled loop must end: a behaviour deadline (it ends at its next round)."""
@@ -46,10 +47,12 @@ async def pool(postgres_url: str) -> AsyncIterator[AsyncConnectionPool]:
 
 
 async def _queued(pool: AsyncConnectionPool) -> None:
-    deadline = asyncio.get_running_loop().time() + 5
-    while pool.get_stats().get("requests_queued", 0) < 1:
-        assert asyncio.get_running_loop().time() < deadline, "the loop never asked the pool"
-        await asyncio.sleep(0.005)
+    await eventually(
+        lambda: pool.get_stats().get("requests_queued", 0) >= 1,
+        within=5,
+        what="the loop asking the pool",
+        interval=0.005,
+    )
 
 
 def _connection_wait() -> asyncio.Task[Any]:

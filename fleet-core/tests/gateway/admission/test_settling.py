@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -26,6 +26,7 @@ from fleet_core.gateway.admission.store import open_redis_store
 from fleet_core.shared import stopping
 from fleet_testing import servers
 from fleet_testing.fix_proxy import ProxyFactory, TcpProxy
+from fleet_testing.waiting import eventually
 
 TPM = 6000
 LATENCY_S = 0.1
@@ -116,13 +117,6 @@ async def test_a_reservation_whose_waiter_was_cancelled_is_settled(slow: Slow) -
     assert await slow.level() == TPM  # charged, then given back in full
 
 
-async def _until(check: Callable[[], bool], within_s: float = 5.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
-
-
 async def _cut_settlement(slow: Slow, used: int, request_id: str) -> None:
     """Admit 3,000 tokens on a live Redis, cut it, settle to ``used``: the store call fails."""
     reservation = await slow.admission.admit(
@@ -131,7 +125,7 @@ async def _cut_settlement(slow: Slow, used: int, request_id: str) -> None:
     await asyncio.to_thread(slow.proxy.cut)
     errors = slow.counts.store_errors
     slow.admission.settle(reservation, Amounts(tokens_output=used), request_id=request_id)
-    await _until(lambda: slow.counts.store_errors > errors)
+    await eventually(lambda: slow.counts.store_errors > errors, within=5)
 
 
 async def test_a_settlement_that_met_a_dead_redis_lands_once_it_is_back(slow: Slow) -> None:
@@ -169,7 +163,7 @@ async def test_over_the_cap_the_oldest_failed_batch_is_dropped_and_counted(
     second = await slow.admission.admit(ANONYMOUS, Amounts(tokens_output=1000))
     await _cut_settlement(slow, used=500, request_id="r1")  # refund 2,500: dropped below
     slow.admission.settle(second, Amounts(tokens_output=0), request_id="r2")  # a second batch
-    await _until(lambda: slow.counts.dropped == 1)
+    await eventually(lambda: slow.counts.dropped == 1, within=5)
     await asyncio.to_thread(slow.proxy.resume)
     await slow.admission.drain()
     # Charged 3,000 + 1,000; only r2's refund of 1,000 landed (plus the refill meanwhile).

@@ -1,6 +1,6 @@
-"""A record's billed figures, its units and its ledger row are what session 9's code computed.
+"""A record's billed figures, its units and its ledger row are what the plain computation gives.
 
-Session 10 decides the billed figures once per record, rates without a second record and builds
+The ledger decides the billed figures once per record, rates without a second record and builds
 the COPY row with fewer operations; not one stored value may change. The reference below is the
 old computation written out plainly (the properties as `UsageRecord` had them, the rating
 ``_record`` did, and the row `store.row_values` built), and hypothesis compares the two over

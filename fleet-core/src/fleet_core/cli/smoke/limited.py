@@ -2,9 +2,10 @@
 
 Two ways to get one:
 - ``own_gateway`` (``--own-gateway``, what ``make smoke`` uses against ``make dev``): a second
-  ``fleet-gateway --demo`` of the smoke command's own, on a free loopback port, with auth on and
-  keys, limits and a metrics token it chose (passed in its environment, never its argv), stopped
-  when the run ends;
+  ``fleet-gateway --demo`` of the smoke command's own, on a free loopback port below the
+  kernel's ephemeral range (no outgoing connection can take it before the gateway binds it), with
+  auth on and keys, limits and a metrics token it chose (passed in its environment, never its
+  argv), stopped when the run ends;
 - ``deployed``: the gateway under test itself (database mode), with throwaway tenants whose limits
   the control plane sets, and the admin credential (or ``--metrics-token-file``) for /metrics.
 """
@@ -36,6 +37,8 @@ TPM = 200
 """The token ceiling of the ``tokens`` tenant, whose request ceiling is ``TOKEN_TENANT_RPM``."""
 TOKEN_TENANT_RPM = 20
 _START_S = 30.0
+_PORTS_BELOW = 8192
+_PORT_TRIES = 100
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,34 @@ async def deployed(ctx: Context) -> Limited:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def _unclaimable_port() -> int:
+    """A free loopback port below the kernel's ephemeral range, for the gateway to bind next.
+
+    A port from that range (what binding port 0 gives) stays free only until the gateway binds it:
+    meanwhile any outgoing connection on the machine may be given it as its local port, and the
+    gateway then refuses to start with "Address already in use". Below the range only a server
+    that asks for the port by number can take it.
+    """
+    first = _ephemeral_first()
+    for _ in range(_PORT_TRIES):
+        port = first - 1 - secrets.randbelow(_PORTS_BELOW)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise SetupFailed(f"no free loopback port in {first - _PORTS_BELOW}-{first - 1}")
+
+
+def _ephemeral_first() -> int:
+    """The first port the kernel hands outgoing connections (Linux's setting, else 49152, the
+    start of the range IANA reserves for them and macOS uses)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+    except OSError:
+        return 49152
+    return max(int(text.split()[0]), 1024 + _PORTS_BELOW)
 
 
 def _gateway_program() -> list[str]:
@@ -125,7 +152,7 @@ def own_environment(run: str) -> tuple[dict[str, str], Limited]:
 async def own_gateway(run: str) -> AsyncIterator[Limited]:
     """``fleet-gateway --demo`` with auth on, on a free port, until the block ends."""
     env, limited = own_environment(run)
-    port = _free_port()
+    port = _unclaimable_port()
     argv = [*_gateway_program(), "--demo", "--listen", f"127.0.0.1:{port}"]
     # stderr to a file, not a pipe: a pipe nobody reads would stall the gateway once full
     with tempfile.TemporaryFile() as said:
