@@ -5,7 +5,6 @@ fresh database)."""
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from fleet_core.shared.asgi_server import Server
 from fleet_testing.asgi import control_plane_app, serving
 from fleet_testing.fix_auth import bearer
 from fleet_testing.fix_fault_engine import FaultEngine, FaultEngineFactory
+from fleet_testing.waiting import eventually
 
 from .money import Books
 
@@ -250,15 +250,15 @@ class Fleet:
 
     async def ledger_rows(self, count: int, timeout_s: float = 15.0) -> list[tuple[Any, ...]]:
         """The ledger's rows once it holds ``count`` (the writer batches in the background)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        async def enough() -> list[tuple[Any, ...]] | None:
             rows = await self.ledger(
                 "SELECT request_id, tenant, project, key_id, model, endpoint, status, outcome,"
                 " prompt_tokens, completion_tokens, units FROM ledger ORDER BY received_at"
             )
-            if len(rows) >= count or time.monotonic() > deadline:
-                return rows
-            await asyncio.sleep(0.05)
+            return rows if len(rows) >= count else None
+
+        return await eventually(enough, within=timeout_s, what=f"{count} ledger rows")
 
 
 FleetFactory = Callable[..., Awaitable[Fleet]]
@@ -296,28 +296,3 @@ async def start_fleet(
             return fleet
 
         yield start
-
-
-async def until(check: Callable[[], Awaitable[bool]], *, within_s: float) -> float:
-    """Seconds until ``check()`` held; fails past ``within_s``."""
-    started = time.monotonic()
-    while not await check():
-        elapsed = time.monotonic() - started
-        assert elapsed < within_s, f"not true within {within_s}s"
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
-
-
-async def status_with(fleet: Fleet, key: str, **extra: Any) -> int:
-    async with httpx.AsyncClient() as http:
-        response = await http.post(
-            f"{fleet.gateway.url}/v1/chat/completions",
-            headers={"Authorization": f"Bearer {key}"},
-            json={"model": MODEL, "messages": MSG, "max_tokens": 8, **extra},
-        )
-    return response.status_code
-
-
-async def key_served(fleet: Fleet, key: str) -> bool:
-    """Whether the gateway serves ``key`` now."""
-    return await status_with(fleet, key) == 200

@@ -12,7 +12,9 @@ import asyncio
 import openai
 import pytest
 
-from .conftest import CHANGE_DEADLINE_S, MODEL, MSG, FleetFactory, key_served, status_with, until
+from fleet_testing.waiting import eventually
+
+from .conftest import CHANGE_DEADLINE_S, MODEL, MSG, FleetFactory, key_served, status_with
 
 
 async def test_a_budget_rule_refuses_with_the_rule_and_when_it_frees(
@@ -32,7 +34,7 @@ async def test_a_budget_rule_refuses_with_the_rule_and_when_it_frees(
         status=201,
     )
     client = fleet.sdk(issued["secret"])
-    await until(lambda: key_served(fleet, issued["secret"]), within_s=CHANGE_DEADLINE_S)
+    await eventually(lambda: key_served(fleet, issued["secret"]), within=CHANGE_DEADLINE_S)
     refusal = None
     for _ in range(40):
         try:
@@ -59,7 +61,7 @@ async def test_concurrent_requests_cannot_overdraw_a_budget(start_fleet: FleetFa
     """Held reservations are counted at once: a burst cannot all pass one check."""
     fleet = await start_fleet(latency_ms=300)
     issued = await fleet.issue_key()
-    await until(lambda: key_served(fleet, issued["secret"]), within_s=CHANGE_DEADLINE_S)
+    await eventually(lambda: key_served(fleet, issued["secret"]), within=CHANGE_DEADLINE_S)
     await fleet.call(
         {
             "_path": "/api/v1/budget-rules",

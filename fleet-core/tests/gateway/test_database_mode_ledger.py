@@ -13,8 +13,9 @@ import httpx
 from fleet_core.gateway.admission.directory import BudgetRule
 from fleet_testing import servers
 from fleet_testing.fix_proxy import ProxyFactory
+from fleet_testing.waiting import eventually
 
-from .conftest import CHANGE_DEADLINE_S, MODEL, MSG, FleetFactory, key_served, status_with, until
+from .conftest import CHANGE_DEADLINE_S, MODEL, MSG, FleetFactory, key_served, status_with
 
 
 async def test_the_ledger_loses_nothing_when_the_database_drops_mid_load(
@@ -24,7 +25,7 @@ async def test_the_ledger_loses_nothing_when_the_database_drops_mid_load(
     proxy = tcp_proxy(target.host, target.port)
     fleet = await start_fleet(gateway_db_url=proxy.url_for(postgres_url))
     issued = await fleet.issue_key()
-    await until(lambda: key_served(fleet, issued["secret"]), within_s=CHANGE_DEADLINE_S)
+    await eventually(lambda: key_served(fleet, issued["secret"]), within=CHANGE_DEADLINE_S)
     served = 1
     for n in range(60):
         if n == 20:
@@ -44,7 +45,7 @@ async def test_usage_agreement_compares_engine_and_gateway_counts(
 ) -> None:
     fleet = await start_fleet()
     issued = await fleet.issue_key()
-    await until(lambda: key_served(fleet, issued["secret"]), within_s=CHANGE_DEADLINE_S)
+    await eventually(lambda: key_served(fleet, issued["secret"]), within=CHANGE_DEADLINE_S)
     for _ in range(4):
         assert await status_with(fleet, issued["secret"]) == 200
     await fleet.ledger_rows(5)
@@ -108,7 +109,7 @@ async def test_the_ledger_key_is_the_gateways_not_the_clients(start_fleet: Fleet
     )
     acme, globex = await fleet.issue_key(), await fleet.issue_key("globex/main")
     for key in (acme, globex):
-        await until(lambda k=key: key_served(fleet, k["secret"]), within_s=CHANGE_DEADLINE_S)
+        await eventually(lambda k=key: key_served(fleet, k["secret"]), within=CHANGE_DEADLINE_S)
     echoed = set()
     async with httpx.AsyncClient() as http:
         for key in [acme] * 6 + [globex]:
@@ -135,4 +136,4 @@ async def test_the_ledger_key_is_the_gateways_not_the_clients(start_fleet: Fleet
     async def rolled_up() -> bool:  # every settled record has reached the rollups: none left
         return bool(budgets.unrolled(acme_rule) == 0)
 
-    await until(rolled_up, within_s=5.0)
+    await eventually(rolled_up, within=5.0)
