@@ -9,7 +9,8 @@ synchronous code (sync fixtures, the end-to-end system, benchmarks), on the same
 
 A check returns something truthy when the condition holds; that value is returned, so a check can
 hand over what it found. Past ``within`` seconds the wait fails with an ``AssertionError`` naming
-``what`` it waited for (the caller's source line when ``what`` is not given).
+``what`` it waited for (the caller's source line when ``what`` is not given); ``what`` may be a
+function, called at the deadline, to say what the check last saw.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import Any, TypeVar, overload
 __all__ = ["INTERVAL_S", "eventually", "eventually_blocking", "until_answers"]
 
 T = TypeVar("T")
+What = str | Callable[[], str] | None
+"""What a wait waits for: said as is, or a function called at the deadline (what was last seen)."""
 INTERVAL_S = 0.05
 """Between two checks: short next to every wait here, long next to a check."""
 
@@ -35,7 +38,7 @@ INTERVAL_S = 0.05
 class _Patience:
     """The deadline of one wait, and what the failure says when it passes."""
 
-    def __init__(self, within: float, what: str | None) -> None:
+    def __init__(self, within: float, what: What) -> None:
         self.within = within
         self.deadline = time.monotonic() + within
         self.what = what if what is not None else _caller_line(depth=3)
@@ -43,7 +46,8 @@ class _Patience:
     def spent(self) -> None:
         """Fail if the deadline has passed (checked after a failed check, so one always runs)."""
         if time.monotonic() > self.deadline:
-            raise AssertionError(f"not within {self.within:g} s: {self.what}")
+            what = self.what() if callable(self.what) else self.what
+            raise AssertionError(f"not within {self.within:g} s: {what}")
 
 
 @overload
@@ -51,18 +55,18 @@ async def eventually(  # a check returning an awaitable is awaited
     check: Callable[[], Awaitable[T | None]],
     *,
     within: float,
-    what: str | None = None,
+    what: What = None,
     interval: float = INTERVAL_S,
 ) -> T: ...
 @overload
 async def eventually(
-    check: Callable[[], T | None], *, within: float, what: str | None = None, interval: float = ...
+    check: Callable[[], T | None], *, within: float, what: What = None, interval: float = ...
 ) -> T: ...
 async def eventually(
     check: Callable[[], object],
     *,
     within: float,
-    what: str | None = None,
+    what: What = None,
     interval: float = INTERVAL_S,
 ) -> object:
     """Until ``check()`` (awaited if it is a coroutine function) returns something truthy; that."""
@@ -81,7 +85,7 @@ def eventually_blocking(
     check: Callable[[], T | None],
     *,
     within: float,
-    what: str | None = None,
+    what: What = None,
     interval: float = INTERVAL_S,
 ) -> T:
     """`eventually` for synchronous code: the thread sleeps between checks."""

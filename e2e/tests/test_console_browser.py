@@ -15,7 +15,6 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ from fleet_testing import fleet_system, processes, servers
 from fleet_testing.fix_auth import bearer
 from fleet_testing.ports import free_ports
 from fleet_testing.processes import Processes
+from fleet_testing.waiting import eventually_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 WEB = ROOT / "web"
@@ -163,10 +163,11 @@ def _inventory(http: httpx.Client) -> None:
 def _pulled_model(http: httpx.Client) -> None:
     model = _created(http.post("/api/v1/models", json={"source": {"uri": "hf://fleet/tiny-gguf"}}))
     _created(http.post(f"/api/v1/models/{model['id']}/pull"))
-    deadline = time.monotonic() + 30
-    while http.get(f"/api/v1/models/{model['id']}").json()["status"] != "Ready":
-        assert time.monotonic() < deadline, "the seed model's pull did not finish"
-        time.sleep(0.2)
+    eventually_blocking(
+        lambda: http.get(f"/api/v1/models/{model['id']}").json()["status"] == "Ready",
+        within=30,
+        what="the seed model's pull finished",
+    )
 
 
 def _traffic(gateway: str, secret: str) -> None:

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from fleet_core.gateway.metering.records import UsageRecord
+from fleet_testing.waiting import eventually
 
 __all__ = [
     "Books",
@@ -86,18 +86,21 @@ class Books:
     async def check(self, *, admitted: int) -> list[UsageRecord]:
         """Assert every invariant once the gateway has settled; returns the records."""
         assert 500 not in self.statuses, self.statuses
-        deadline = time.monotonic() + SETTLE_WITHIN_S
-        while True:
+        seen: list[str] = []
+        settled: list[UsageRecord] = []
+
+        async def balanced() -> bool:
             found = await records(self.url, self.headers)
             gauge = await in_flight(self.url, self.headers)
             level = await bucket_level(self.redis_url, self.tpm_key)
             problem = self._problem(found, gauge, level, admitted)
             if problem is None and self.ledger_url is not None:
                 problem = _ledger_problem(await ledger_ids(self.ledger_url), found)
-            if problem is None:
-                return found
-            assert time.monotonic() < deadline, problem
-            await asyncio.sleep(0.05)
+            settled[:], seen[:] = found, [problem or ""]
+            return problem is None
+
+        await eventually(balanced, within=SETTLE_WITHIN_S, what=lambda: seen[0])
+        return settled
 
     def _problem(
         self, found: Sequence[UsageRecord], gauge: float, level: float | None, admitted: int

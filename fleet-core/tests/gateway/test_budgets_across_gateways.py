@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import psycopg
 import pytest
 
 from fleet_core.gateway.settings import AdmissionSettings, DatabaseModeSettings
+from fleet_testing.waiting import eventually
 
 from .conftest import GatewayFactory, Served, StubFactory, running_control_plane
 
@@ -54,16 +54,16 @@ class Fleet:
 
     async def billed(self, *, rows: int, timeout_s: float = 15.0) -> list[tuple[str, int]]:
         """(outcome, tokens) of the ledger's rows once it holds ``rows``."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        async def enough() -> list[tuple[str, int]] | None:
             async with await psycopg.AsyncConnection.connect(self.database_url) as conn:
                 cur = await conn.execute(
                     "SELECT outcome, prompt_tokens + completion_tokens FROM ledger"
                 )
                 found = [(str(o), int(t)) for o, t in await cur.fetchall()]
-            if len(found) >= rows or time.monotonic() > deadline:
-                return found
-            await asyncio.sleep(0.05)
+            return found if len(found) >= rows else None
+
+        return await eventually(enough, within=timeout_s, what=f"{rows} ledger rows")
 
 
 @pytest.fixture

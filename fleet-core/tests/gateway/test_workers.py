@@ -31,7 +31,7 @@ from fleet_core.gateway import workers
 from fleet_core.shared.errors import ConfigError
 from fleet_testing.asgi import serving
 from fleet_testing.ports import free_port
-from fleet_testing.waiting import until_answers
+from fleet_testing.waiting import eventually, until_answers
 
 from .conftest import issue_tenant_key
 from .test_admission_processes import KEY, OPS, burst_client, chat
@@ -130,19 +130,17 @@ def _workers(proc: subprocess.Popen[str]) -> list[psutil.Process]:
 
 async def _until_both_ready(proc: subprocess.Popen[str], url: str, within_s: float = 60) -> None:
     """Both workers listening and ready (each has its own health checks)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
     port = int(url.rsplit(":", 1)[1])
-    while True:
+
+    async def both_ready() -> bool:
         assert proc.poll() is None, "the supervisor exited"
         listening = [w for w in _workers(proc) if _connections(w, port, psutil.CONN_LISTEN)]
-        if len(listening) == 2:
-            async with httpx.AsyncClient() as http:  # a new connection each time: any worker
-                oks = [await _ready(http, url) for _ in range(8)]
-            if all(oks):
-                return
-        assert loop.time() < deadline, "the workers never became ready"
-        await asyncio.sleep(0.2)
+        if len(listening) != 2:
+            return False
+        async with httpx.AsyncClient() as http:  # a new connection each time: any worker
+            return all([await _ready(http, url) for _ in range(8)])
+
+    await eventually(both_ready, within=within_s, what="both workers ready", interval=0.2)
 
 
 async def _ready(http: httpx.AsyncClient, url: str) -> bool:
@@ -211,14 +209,16 @@ async def test_a_scrape_after_k_requests_shows_k_whichever_worker_answers(
 
 async def _until_every_scrape_shows(url: str, k: int, *, within_s: float) -> list[str]:
     """Six scrapes in a row (new connections: both workers answer) that all count ``k``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while True:
+    seen: list[list[float]] = [[]]
+
+    async def agreed() -> list[str] | None:
         scrapes = [await _scrape(url) for _ in range(6)]
-        counted = [_sample(text, "fleet_requests_total") for text in scrapes]
-        if counted == [k] * 6 or loop.time() > deadline:
-            return scrapes
-        await asyncio.sleep(0.2)
+        seen[0] = [_sample(text, "fleet_requests_total") for text in scrapes]
+        return scrapes if seen[0] == [k] * 6 else None
+
+    return await eventually(
+        agreed, within=within_s, what=lambda: f"scrapes counted {seen[0]}", interval=0.2
+    )
 
 
 async def _scrape(url: str) -> str:

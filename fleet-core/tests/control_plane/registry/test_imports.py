@@ -21,6 +21,7 @@ import pytest
 
 from fleet_core.control_plane.registry.objects import ObjectStore
 from fleet_core.devtools.hub import files
+from fleet_testing.waiting import eventually
 
 from .conftest import ControlPlane, ControlPlaneFactory
 from .test_cli import fleet, output
@@ -291,9 +292,10 @@ async def test_an_import_does_not_survive_its_control_plane(
 
 
 async def _until(http: httpx.AsyncClient, model_id: str, done: Any) -> dict[str, Any]:
-    for _ in range(200):
-        progress: dict[str, Any] = (await http.get(f"/api/v1/models/{model_id}/pull")).json()
-        if done(progress):
-            return progress
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"never reached: {progress}")
+    seen: list[dict[str, Any]] = [{}]
+
+    async def reached() -> dict[str, Any] | None:
+        seen[0] = (await http.get(f"/api/v1/models/{model_id}/pull")).json()
+        return seen[0] if done(seen[0]) else None
+
+    return await eventually(reached, within=10, what=lambda: f"never reached: {seen[0]}")

@@ -22,6 +22,7 @@ from fleet_core.gateway.admission.store import open_redis_store
 from fleet_core.shared.errors import Unavailable
 from fleet_testing import servers
 from fleet_testing.fix_proxy import ProxyFactory, TcpProxy
+from fleet_testing.waiting import eventually
 
 from .redis_books import entries
 
@@ -77,10 +78,7 @@ async def _admission(
 
 
 async def _until(check: Any, within_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)
+    await eventually(check, within=within_s, interval=0.01)
 
 
 async def test_an_entry_update_that_met_a_dead_redis_lands_once_it_is_back(
