@@ -20,6 +20,7 @@ from bench import (
     ledger_bench,
     operator_bench,
     pull_bench,
+    report,
     routing_bench,
     soak_bench,
 )
@@ -48,7 +49,9 @@ def main() -> None:
         sections.append(routing_bench.report(routing_bench.run()))
     if only == "soak":
         sections.append(soak_bench.report(soak_bench.run()))
-    gateway_bench.write_report(sections)
+    report.write(
+        sections, path=gateway_bench.ROOT / "docs" / "benchmarks.md", seconds=gateway_bench.SECONDS
+    )
 
 
 if __name__ == "__main__":

@@ -14,11 +14,11 @@ database-mode gateway, measured in interleaved rounds and compared round by roun
 the other, first empty then filled, the comparison measured the machine's drift between the two
 (from -53% to +52% in two runs of the same code).
 
-Every round starts every gateway afresh. Two processes of the same gateway on the same code
-differ steadily by up to a tenth in throughput (memory layout, hash seeds: ADR 0002, session
-19), so a run that kept one process per gateway carried one draw of that luck into every
-round's ratio, and more rounds could not average it out. A second no-auth gateway runs as a
-control: what it reads of the first is what these ratios resolve.
+Every round starts every gateway afresh. Two processes of the same gateway on the same code differ
+steadily by up to a tenth in throughput (memory layout, hash seeds: ADR 0002), so a run that kept
+one process per gateway carried one draw of that luck into every round's ratio, and more rounds
+could not average it out. A second no-auth gateway runs as a control: what it reads of the first is
+what these ratios resolve.
 
 Every gateway runs on ``fleet-gateway``'s default server (read from its command line) behind the
 Go stub engine, driven by the Go load generator (`stub`, `generator`). Each cell also records the
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import math
 import os
 import subprocess
@@ -47,8 +46,9 @@ from pathlib import Path
 
 import psycopg
 
-from bench import generator, stub
+from bench import database_rows, generator, stub
 from bench.admission_bench import redis_url
+from bench.database_rows import BIG, RULELESS_SECRET, SECRET
 from bench.gateway_bench import (
     ENV,
     ROUNDS,
@@ -63,6 +63,7 @@ from bench.gateway_bench import (
     spread,
 )
 from bench.ledger_bench import postgres_server, scratch_database
+from bench.report import verdict
 from fleet_core.gateway import main as gateway_main
 from fleet_core.gateway.admission import catalog, leases
 from fleet_core.gateway.settings import DatabaseModeSettings
@@ -72,12 +73,7 @@ from fleet_testing.waiting import until_answers
 __all__ = ["report", "run"]
 
 ROWS = int(os.environ.get("FLEET_BENCH_BUDGET_ROWS", "5000000"))
-SECRET = "fk_bench-database-mode-key"
-"""The key of acme/research, which three budget rules apply to."""
-RULELESS_SECRET = "fk_bench-database-mode-ruleless"
-"""The key of initech/research: the same limits and rates, no budget rule."""
 ENV_KEY = "acme/research/bench"
-BIG = 10**12
 ENV_LIMITS = {
     "FLEET_AUTH_REQUIRED": "true",
     "FLEET_API_KEYS": ENV_KEY,
@@ -90,80 +86,6 @@ ENV_MODE, DB_MODE, OFF = "environment mode", "database mode", "no auth, limits o
 RULELESS = "database mode, a tenant with no budget rule"
 TWIN = "no auth, a second process (control)"
 WARNED = ("WARNING", "ERROR", "CRITICAL")
-
-_SEED = [
-    "INSERT INTO tenants (id, name, request_limit, token_limit) VALUES"
-    f" ('acme', 'Acme', 100000000, {BIG}), ('initech', 'Initech', 100000000, {BIG})",
-    "INSERT INTO projects (id, tenant_id, name, request_limit, token_limit) VALUES"
-    f" ('acme/research', 'acme', 'research', 100000000, {BIG}),"
-    f" ('initech/research', 'initech', 'research', 100000000, {BIG})",
-    "INSERT INTO model_rates (model, input_fresh_micro_per_1k, input_cached_micro_per_1k,"
-    " output_micro_per_1k) VALUES ('bench', 100000, 10000, 400000)",
-    'INSERT INTO budget_rules (id, scope_kind, scope_id, dimension, "limit", window_s) VALUES'
-    f" ('rule_tenant', 'tenant', 'acme', 'tokens_total', {BIG}, 2592000),"
-    f" ('rule_project', 'project', 'acme/research', 'units', {BIG}, 604800),"
-    f" ('rule_day', 'project', 'acme/research', 'tokens_output', {BIG}, 86400)",
-]
-
-# Rows spread over the last 30 days across 20 tenants' projects (acme's among them), then
-# rolled up per minute exactly as the ledger writer would have.
-_FILL = """
-INSERT INTO ledger (request_id, received_at, first_byte_at, done_at, tenant, project, key_id,
-    model, served_model, endpoint, kind, status, outcome, stream, engine_prompt_tokens,
-    engine_completion_tokens, engine_cached_tokens, gw_prompt_tokens, gw_completion_tokens,
-    count_method, prompt_tokens, completion_tokens, cached_tokens, fresh_tokens, units)
-SELECT 'fill-' || g, t, t, t, CASE WHEN g %% 20 = 0 THEN 'acme' ELSE 't' || (g %% 20) END,
-    'research', 'key_fill', 'bench', 'bench', 'http://10.0.0.1:8000', 'chat', 200, 'ok', false,
-    100, 20, 0, 100, 20, 'chars/4', 100, 20, 0, 100, 18000
-FROM generate_series(1, %(rows)s) AS g,
-     LATERAL (SELECT now() - (g %% 2592000) * interval '1 second') AS s(t)
-"""
-_ROLLUP = """
-INSERT INTO usage_minute (tenant, project, model, minute, requests, tokens_input, tokens_output,
-    tokens_cached, tokens_fresh, units)
-SELECT tenant, project, model, date_trunc('minute', done_at, 'UTC'), count(*), sum(prompt_tokens),
-    sum(completion_tokens), sum(cached_tokens), sum(fresh_tokens), sum(units)
-FROM ledger WHERE request_id LIKE 'fill-%' GROUP BY 1, 2, 3, 4
-ON CONFLICT (tenant, project, model, minute) DO UPDATE SET
-    requests = usage_minute.requests + excluded.requests,
-    tokens_input = usage_minute.tokens_input + excluded.tokens_input,
-    tokens_output = usage_minute.tokens_output + excluded.tokens_output,
-    tokens_cached = usage_minute.tokens_cached + excluded.tokens_cached,
-    tokens_fresh = usage_minute.tokens_fresh + excluded.tokens_fresh,
-    units = usage_minute.units + excluded.units
-"""
-
-
-def seed(url: str) -> None:
-    """The bench's tenants, projects, rates, three budget rules (on acme) and keys (``SECRET``
-    for acme/research, ``RULELESS_SECRET`` for initech/research)."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        for statement in _SEED:
-            conn.execute(statement)
-        for key_id, project, secret in (
-            ("key_bench", "acme/research", SECRET),
-            ("key_ruleless", "initech/research", RULELESS_SECRET),
-        ):
-            conn.execute(
-                "INSERT INTO api_keys (id, project_id, label, prefix, secret_hash)"
-                " VALUES (%s, %s, 'bench', %s, %s)",
-                (key_id, project, secret[:8], hashlib.sha256(secret.encode()).digest()),
-            )
-
-
-def _fill(url: str, rows: int) -> float:
-    """Fill and roll up ``rows`` ledger rows, then write the fill's dirty pages out (a
-    checkpoint) before anything is measured: otherwise Postgres writes gigabytes back during
-    the full-ledger rounds, and those measure the fill's aftermath, not the ledger's size."""
-    started = time.perf_counter()
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(_FILL, {"rows": rows})
-        conn.execute(_ROLLUP)
-        conn.execute("VACUUM ANALYZE ledger")
-        conn.execute("VACUUM ANALYZE usage_minute")
-        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
-            conn.execute("CHECKPOINT")  # a role without pg_checkpoint measures without it
-    return time.perf_counter() - started
 
 
 async def _refresh_ms(url: str, repeats: int = 20) -> float:
@@ -336,9 +258,9 @@ def run(rows: int = ROWS) -> dict[str, object]:
         server = stack.enter_context(postgres_server())
         database, empty, full = (stack.enter_context(scratch_database(server)) for _ in range(3))
         for url in (database, empty, full):
-            seed(url)
+            database_rows.seed(url)
         print(f"bench: filling a ledger with {rows} rows", file=sys.stderr)
-        fill_s = _fill(full, rows)
+        fill_s = database_rows.fill(full, rows)
         logged: dict[str, list[str]] = {}
         for round_ in range(ROUNDS):
             with gateways(database, redis) as targets:  # fresh processes every round
@@ -487,16 +409,16 @@ def report(result: dict[str, object]) -> list[str]:
         "| target | measured | verdict |",
         "|---|---|---|",
         f"| database-mode throughput >= 85% of environment mode, c=64 | {ratio:.0%} "
-        f"({_rounds(samples, DB_MODE, ENV_MODE)}) | {_verdict(ratio >= 0.85)} |",
+        f"({_rounds(samples, DB_MODE, ENV_MODE)}) | {verdict(ratio >= 0.85)} |",
         f"| database mode, a tenant with no budget rule, >= 85% of the gateway without auth, "
         f"limits or ledger, c=64 | {ruleless:.0%} (by CPU per request: "
-        f"{cpu_ruleless:.0%}; {_rounds(samples, RULELESS, OFF)}) | {_verdict(ruleless >= 0.85)} |",
+        f"{cpu_ruleless:.0%}; {_rounds(samples, RULELESS, OFF)}) | {verdict(ruleless >= 0.85)} |",
         f"| database mode, three budget rules on the tenant and its project, >= 85% of the "
         f"gateway without auth, limits or ledger, c=64 | {over_off:.0%} "
         f"(by CPU per request: {cpu_over_off:.0%}; {_rounds(samples, DB_MODE, OFF)}) | "
-        f"{_verdict(over_off >= 0.85)} |",
+        f"{verdict(over_off >= 0.85)} |",
         f"| budget admission p50 with the full ledger within 20% of empty | {growth:+.0%} | "
-        f"{_verdict(growth <= 0.20)} |",
+        f"{verdict(growth <= 0.20)} |",
         "",
     ]
     return lines
@@ -507,7 +429,3 @@ def _growth(empty: list[Cell], full: list[Cell]) -> float:
     median (a round where either side has no p50 is left out)."""
     pairs = zip(empty, full, strict=True)
     return _median([f["p50_ms"] / e["p50_ms"] - 1 if e["p50_ms"] else math.nan for e, f in pairs])
-
-
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"

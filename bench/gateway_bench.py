@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,8 @@ from typing import TypeVar
 
 import psutil  # type: ignore[import-untyped]
 
-from bench import generator, headline, litellm_peer, stub
+from bench import generator, litellm_peer, stub
+from bench.report import verdict
 from fleet_testing.ports import free_port
 from fleet_testing.waiting import until_answers
 
@@ -280,18 +280,6 @@ def added(samples: Samples, a: str, b: str, cell: str) -> float:
     return median([x["p50_ms"] - y["p50_ms"] for x, y in pairs])
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return (
-        f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {platform.system()}"
-    )
-
-
 def _row(name: str, cells: dict[str, Cell], columns: tuple[str, ...]) -> str:
     parts = [
         f"{cells[c]['rps']:.0f} / {cells[c]['p50_ms']:.2f} / {cells[c]['p99_ms']:.2f}"
@@ -300,10 +288,6 @@ def _row(name: str, cells: dict[str, Cell], columns: tuple[str, ...]) -> str:
         for c in columns
     ]
     return f"| {name} | " + " | ".join(parts) + " |"
-
-
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"
 
 
 def report(result: Result) -> list[str]:
@@ -367,18 +351,18 @@ def _floor_verdicts(samples: Samples) -> list[str]:
         lines.append(
             f"| gateway/floor throughput, {cell} >= 70% | {r:.0%} "
             f"({spread(ratios(samples, GATEWAY, FLOOR, cell))}; {bare:.0%} of the "
-            f"{DEFAULT_SERVER} bare proxy; {_per_core(samples, cell)}) | {_verdict(r >= 0.7)} |"
+            f"{DEFAULT_SERVER} bare proxy; {_per_core(samples, cell)}) | {verdict(r >= 0.7)} |"
         )
     seq = added(samples, GATEWAY, "direct", "sequential")
     floor = added(samples, FLOOR, "direct", "sequential")
     lines.append(
         f"| added p50, sequential, vs direct <= 1 ms | {seq:.2f} ms (the floor adds "
-        f"{floor:.2f} ms) | {_verdict(seq <= 1)} |"
+        f"{floor:.2f} ms) | {verdict(seq <= 1)} |"
     )
     first = added(samples, GATEWAY, "direct", "first frame")
     lines.append(
         f"| added p50 to the first stream frame (a few ms) | {first:.2f} ms | "
-        f"{_verdict(first <= 3)} |"
+        f"{verdict(first <= 3)} |"
     )
     return lines
 
@@ -399,13 +383,13 @@ def _peer_verdicts(samples: Samples, litellm: str) -> list[str]:
     for cell in PEER[1:]:
         r = ratio(samples, GATEWAY, LITELLM, cell)
         lines.append(
-            f"| gateway/LiteLLM throughput, {cell} >= 20x | {r:.1f}x | {_verdict(r >= 20)} |"
+            f"| gateway/LiteLLM throughput, {cell} >= 20x | {r:.1f}x | {verdict(r >= 20)} |"
         )
     ours = added(samples, GATEWAY, "direct", "sequential")
     theirs = added(samples, LITELLM, "direct", "sequential")
     lines.append(
         f"| added p50, sequential, <= 1/10 of LiteLLM's | {ours:.2f} ms vs {theirs:.2f} ms "
-        f"(1/{theirs / ours if ours > 0 else float('inf'):.0f}) | {_verdict(ours * 10 <= theirs)} |"
+        f"(1/{theirs / ours if ours > 0 else float('inf'):.0f}) | {verdict(ours * 10 <= theirs)} |"
     )
     return lines
 
@@ -418,7 +402,7 @@ def _worker_verdicts(scaling: Samples) -> list[str]:
         low, high = min(each), max(each)
         lines.append(
             f"| --workers 2 / one worker, {cell} >= 1.4x | {r:.2f}x ({len(each)} rounds, "
-            f"{low:.2f}x-{high:.2f}x) | {_verdict(r >= 1.4)} |"
+            f"{low:.2f}x-{high:.2f}x) | {verdict(r >= 1.4)} |"
         )
     return lines
 
@@ -472,56 +456,3 @@ def _server_table(samples: Samples, medians: dict[str, dict[str, Cell]]) -> list
             f"{medians[g]['sequential']['p50_ms']:.2f} |"
         )
     return lines
-
-
-TARGETS = "## Targets"
-METHOD = "## Method"
-GENERATED = (TARGETS, METHOD)
-"""Sections written afresh every time, from the others and from the code."""
-
-
-def write_report(sections: list[list[str]]) -> None:
-    """Write docs/benchmarks.md: the sections just run replace those of the same heading; the
-    others stay as the last run that measured them left them (each section carries its date).
-    It opens with the table of every judged target (`headline`), rebuilt from all of them."""
-    path = ROOT / "docs" / "benchmarks.md"
-    stamp = f"_Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()}._"
-    fresh = {section[0]: [section[0], "", stamp, *section[1:]] for section in sections}
-    kept = _sections(path.read_text()) if path.exists() else {}
-    merged = {h: lines for h, lines in {**kept, **fresh}.items() if h not in GENERATED}
-    lines = [
-        "# Benchmarks",
-        "",
-        "Written by `make bench`; every figure comes from one run on one machine, with its",
-        "baseline measured in that same run. Absolute numbers move by 20-40% between runs on this",
-        "shared machine; compare the ratios. `FLEET_BENCH_ONLY=<section>` reruns one section.",
-        "",
-        *headline.table(merged),
-        "",
-        METHOD,
-        "",
-        f"- Each cell: {SECONDS:g} s of closed-loop load after a warm-up, from a load generator in",
-        "  its own process; the engine adds no delay and replies 11 tokens (max_tokens 16).",
-        *generator.PREAMBLE,
-        *stub.PREAMBLE,
-        "",
-    ]
-    for section in merged.values():
-        if lines[-1]:  # a kept section read from the file's end has no blank line after it
-            lines.append("")
-        lines += section
-    text = "\n".join(lines).rstrip("\n") + "\n"  # one newline at the end, whichever came last
-    path.write_text(text)
-    print(text, end="")
-
-
-def _sections(text: str) -> dict[str, list[str]]:
-    """``## heading`` -> its lines, from an earlier report."""
-    found: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in text.splitlines():
-        if line.startswith("## "):
-            current = found.setdefault(line, [])
-        if current is not None:
-            current.append(line)
-    return found

@@ -1,6 +1,6 @@
 """The table docs/benchmarks.md opens with: every judged target, what it measured, met or not.
 
-Built from the report's sections as written, every time `gateway_bench.write_report` writes the
+Built from the report's sections as written, every time `report.write` writes the
 file, so a section rerun alone updates its rows and the others keep the figures their last run
 recorded. A section states a target in one of the report's table shapes:
 

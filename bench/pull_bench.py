@@ -30,6 +30,7 @@ from minio import Minio
 
 from bench.gateway_bench import ROUNDS, median
 from bench.ledger_bench import scratch_database
+from bench.report import verdict
 from fleet_core.control_plane.registry.s3 import S3Settings
 from fleet_core.devtools.hub.repos import generated_repo
 from fleet_testing import processes
@@ -165,10 +166,6 @@ def run(size: int = SIZE) -> dict[str, float]:
     }
 
 
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"
-
-
 def report(figures: dict[str, float]) -> list[str]:
     size = figures["bytes"] / (1 << 20)
     ratio, growth = figures["ratio"], figures["rss_growth_mib"]
@@ -188,9 +185,9 @@ def report(figures: dict[str, float]) -> list[str]:
         "",
         "| target | measured | verdict |",
         "|---|---|---|",
-        f"| pull throughput >= 80% of the plain upload | {ratio:.0%} | {_verdict(ratio >= 0.8)} |",
+        f"| pull throughput >= 80% of the plain upload | {ratio:.0%} | {verdict(ratio >= 0.8)} |",
         f"| the control plane's peak RSS growth while pulling < 64 MiB | {growth:.1f} MiB | "
-        f"{_verdict(growth < 64)} |",
+        f"{verdict(growth < 64)} |",
         "",
     ]
 

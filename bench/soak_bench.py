@@ -33,6 +33,7 @@ import uvloop
 
 from bench import generator, shipped, stub
 from bench.gateway_bench import ENV, load_average, process
+from bench.report import verdict
 from fleet_testing.ports import free_port
 
 __all__ = ["report", "run"]
@@ -177,13 +178,13 @@ def report(result: Soak) -> list[str]:
         "| measure | before | after | target | verdict |",
         "|---|---|---|---|---|",
         f"| RSS | {before['rss_mb']:.1f} MB | {after['rss_mb']:.1f} MB ({growth:+.1%}) | "
-        f"<= +10% | {_verdict(growth <= 0.10)} |",
+        f"<= +10% | {verdict(growth <= 0.10)} |",
         f"| requests in flight | {before['in_flight']:.0f} | {after['in_flight']:.0f} | 0 | "
-        f"{_verdict(after['in_flight'] == 0)} |",
+        f"{verdict(after['in_flight'] == 0)} |",
         f"| open file descriptors | {before['fds']:.0f} | {after['fds']:.0f} | baseline | "
-        f"{_verdict(after['fds'] <= before['fds'])} |",
+        f"{verdict(after['fds'] <= before['fds'])} |",
         f"| TCP connections | {before['tcp']:.0f} | {after['tcp']:.0f} | baseline | "
-        f"{_verdict(after['tcp'] <= before['tcp'])} |",
+        f"{verdict(after['tcp'] <= before['tcp'])} |",
         "",
         f"RSS during the run (MB, evenly spaced samples): {points}.",
         "",
@@ -195,10 +196,6 @@ def _spread(values: list[float], count: int) -> list[float]:
         return values
     step = (len(values) - 1) / (count - 1)
     return [values[round(i * step)] for i in range(count)]
-
-
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"
 
 
 async def _client(url: str, concurrency: int, seconds: float) -> dict[str, int]:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from bench import gateway_bench, headline
+from bench import gateway_bench, headline, report
 from bench.headline import Row
 
 GATEWAY = [
@@ -75,19 +73,13 @@ def test_the_table_counts_what_is_met_and_marks_what_is_not() -> None:
     assert lines[-1].endswith("| 31% | **NO** |")
 
 
-@pytest.fixture
-def report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "docs").mkdir()
-    monkeypatch.setattr(gateway_bench, "ROOT", tmp_path)
-    return tmp_path / "docs" / "benchmarks.md"
-
-
-def test_a_rerun_section_updates_its_rows_and_the_others_keep_theirs(report: Path) -> None:
-    gateway_bench.write_report([GATEWAY, SOAK])
+def test_a_rerun_section_updates_its_rows_and_the_others_keep_theirs(tmp_path: Path) -> None:
+    written = tmp_path / "benchmarks.md"
+    report.write([GATEWAY, SOAK], path=written, seconds=1)
     rerun = [line.replace("| 71.7 MB (+0.1%) | <= +10% | met |", "| 90 MB (+26%) | <= +10% |"
                           " NOT met |") for line in SOAK]  # fmt: skip
-    gateway_bench.write_report([rerun])
-    text = report.read_text()
+    report.write([rerun], path=written, seconds=1)
+    text = written.read_text()
     assert text.count("## Targets") == 1
     assert text.index("## Targets") < text.index("## Method") < text.index("## Gateway overhead")
     targets = text.split("## Targets")[1].split("## Method")[0]
@@ -100,7 +92,7 @@ def test_a_rerun_section_updates_its_rows_and_the_others_keep_theirs(report: Pat
 
 def test_the_committed_report_opens_with_the_table_of_its_own_sections() -> None:
     text = (gateway_bench.ROOT / "docs" / "benchmarks.md").read_text()
-    sections = gateway_bench._sections(text)
-    measured = {h: lines for h, lines in sections.items() if h not in gateway_bench.GENERATED}
-    written = [line for line in sections[gateway_bench.TARGETS] if line]
+    sections = report.sections_of(text)
+    measured = {h: lines for h, lines in sections.items() if h not in report.GENERATED}
+    written = [line for line in sections[report.TARGETS] if line]
     assert written == [line for line in headline.table(measured) if line]

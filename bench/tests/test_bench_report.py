@@ -5,27 +5,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from bench import gateway_bench
+from bench import report
 
 
 def test_a_rerun_section_replaces_its_own_and_keeps_the_rest(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    (tmp_path / "docs").mkdir()
-    monkeypatch.setattr(gateway_bench, "ROOT", tmp_path)
-    report = tmp_path / "docs" / "benchmarks.md"
-    gateway_bench.write_report([["## First", "", "one"], ["## Last", "", "two"]])
-    gateway_bench.write_report([["## First", "", "one again"]])  # "## Last" is now kept
-    text = report.read_text()
+    written = tmp_path / "benchmarks.md"
+    report.write([["## First", "", "one"], ["## Last", "", "two"]], path=written, seconds=1)
+    report.write([["## First", "", "one again"]], path=written, seconds=1)  # "## Last" is now kept
+    text = written.read_text()
     assert text.endswith("two\n")
     assert not text.endswith("\n\n")
     assert "one again" in text
     assert "\none\n" not in text
     assert text.index("## First") < text.index("## Last")
-    gateway_bench.write_report([["## Last", "", "three"]])
-    again = report.read_text()
+    report.write([["## Last", "", "three"]], path=written, seconds=1)
+    again = written.read_text()
     assert again.endswith("three\n")
     assert "one again" in again
     assert "two" not in again

@@ -1,0 +1,11 @@
+"""The harness fixtures the benchmarks' own tests use (see :mod:`fleet_testing.plugins`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet_testing import plugins
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    plugins.load(config, "fix_postgres")
