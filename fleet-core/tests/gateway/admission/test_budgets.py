@@ -16,12 +16,12 @@ from fleet_core.gateway.admission import budget_book, unheld
 from fleet_core.gateway.admission.allowances import book_key
 from fleet_core.gateway.admission.budget_book import SLACK_S, Amounts, BudgetBook, BudgetHold
 from fleet_core.gateway.admission.directory import BudgetRule
-from fleet_core.gateway.admission.limits import Decision
 from fleet_core.gateway.admission.memory_store import MemoryStore
 from fleet_core.gateway.admission.windows import free_after
 from fleet_core.shared.errors import ReservationTooLarge
 
 from .conftest import FakeClock
+from .redis_books import admit
 
 RULE = BudgetRule("rule_a", "tenant", "acme", "tokens_total", 100, 3600)
 UNITS = BudgetRule("rule_u", "project", "acme/x", "units", 1_000, 86400)
@@ -41,22 +41,6 @@ def test_every_dimension_reads_its_own_figure() -> None:
             "units",
         )
     ] == [50, 30, 20, 10, 20, 7]
-
-
-async def admit(
-    store: MemoryStore, book: BudgetBook, rules: list[BudgetRule], demand: Amounts
-) -> tuple[BudgetHold | None, Decision | None]:
-    """What `Admission.admit` does with the book: reserve, ask the store if needed, count the
-    grants (or give the reservation back when refused)."""
-    hold, asks = book.hold(rules, demand)
-    if not asks:
-        return hold, None
-    decision = await store.reserve([], asks)
-    if decision.admitted:
-        assert book.placed(hold)
-        return hold, None
-    await store.update_holds(book.release(hold))
-    return None, decision
 
 
 async def test_a_request_the_slack_covers_asks_the_store_nothing() -> None:
