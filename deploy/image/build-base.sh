@@ -4,6 +4,7 @@
 # localhost/fleet-base:bookworm in Docker when a daemon answers, else in the build store.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
+need mmdebstrap podman
 mkdir -p "$root/build"
 rootfs="$root/build/fleet-base-rootfs.tar"
 started=$SECONDS

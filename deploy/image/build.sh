@@ -21,6 +21,7 @@ if have_docker; then
         -t "$serving_image" .
     docker save -o "$archive" "$core_image" "$serving_image"
 else
+    need buildah runc
     buildah=(buildah "${store_args[@]}" bud --isolation chroot --layers --pull-never)
     [[ -n ${IMAGE_BASE:-} ]] || buildah=(buildah "${store_args[@]}" bud --isolation chroot --layers)
     "${buildah[@]}" "${args[@]}" --target fleet-core --build-arg "VERSION=$core_version" \

@@ -13,3 +13,11 @@ store="$root/build/containers"
 export CONTAINERS_CONF="$root/deploy/image/containers.conf"
 store_args=(--root "$store/root" --runroot "$store/run" --storage-driver "${STORAGE_DRIVER:-overlay}")
 have_docker() { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; }
+# need TOOL...: stop with one line saying how to install what is missing (Debian's package names).
+need() {
+    local missing=() tool
+    for tool in "$@"; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+    ((${#missing[@]} == 0)) && return 0
+    echo "$(basename "$0"): ${missing[*]} not found; install with: apt-get install ${missing[*]}" >&2
+    exit 1
+}

@@ -8,6 +8,7 @@
 #   - both images carry LICENSE and NOTICE, and default to uid 65532.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
+need podman runc
 [[ -s $archive ]] || { echo "image-test: no ${archive#"$root/"}: run make image first" >&2; exit 1; }
 fresh=$(mktemp -d)
 podman=(podman --root "$fresh/root" --runroot "$fresh/run" --storage-driver overlay)

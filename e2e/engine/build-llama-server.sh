@@ -22,6 +22,9 @@ exec 9>"$cache.lock"
 flock 9    # a second caller waits for the first build instead of racing it
 if [[ -x $binary ]]; then echo "$binary"; exit 0; fi
 
+for tool in cmake g++; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "$tool not found; install with: apt-get install cmake build-essential" >&2; exit 1; }
+done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "building llama-server from llama-cpp-python $version (several minutes)" >&2
