@@ -72,7 +72,8 @@ def old_completion(r: UsageRecord) -> int:
 
 
 def old_cached(r: UsageRecord) -> int:
-    return r.engine.cached_tokens if r.engine and old_billed(r) else 0
+    """The engine's cached tokens, never more than the prompt (metering/bounds.py)."""
+    return min(r.engine.cached_tokens, old_prompt(r)) if r.engine and old_billed(r) else 0
 
 
 def old_fresh(r: UsageRecord) -> int:

@@ -34,6 +34,7 @@ from fleet_core.gateway.exchange.routing import affinity
 from fleet_core.gateway.exchange.routing.endpoints import Ticket
 from fleet_core.gateway.exchange.routing.table import Pool, RoutingTable
 from fleet_core.gateway.exchange.tokenizers import RegistryTokenizers, registry_id
+from fleet_core.gateway.metering import bounds
 from fleet_core.gateway.metering.counting import Counter, load_counter
 from fleet_core.gateway.metering.records import (
     EngineUsage,
@@ -234,7 +235,7 @@ class GatewayService:
         if request.kind == "embeddings":
             return 0
         most = request.max_tokens or self._admission.default_max_tokens
-        return most * request.sequences
+        return bounds.completion_cap(most, request.sequences)
 
     async def _admit(self, exchange: Exchange) -> None:
         """Reserve the request's worst case (P5): every sequence it may generate, in full."""
@@ -376,6 +377,8 @@ class GatewayService:
             tenant=principal.tenant,
             project=principal.project,
             key_id=principal.key_id,
+            prompt_cap=bounds.prompt_cap(exchange.prompt_tokens, exchange.request.body),
+            completion_cap=self._completion_reserve(exchange.request),
         )
         rates = self._admission.rates(record.served_model)
         if rates is not None:
