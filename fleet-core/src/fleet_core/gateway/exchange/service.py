@@ -116,6 +116,8 @@ class RequestMetrics(Protocol):
 
     def observe(self, record: UsageRecord) -> None: ...
 
+    def refusal(self, record: UsageRecord) -> None: ...
+
 
 class GatewayService:
     def __init__(
@@ -331,6 +333,7 @@ class GatewayService:
         self._sink.record(record)
         self._count(exchange, record)
         if exchange.reservation is None:
+            self._metrics.refusal(record)
             return
         self._metrics.request_finished(record.model)
         self._metrics.observe(record)

@@ -72,8 +72,8 @@ COLUMNS = (
 )
 _COLS = ", ".join(COLUMNS)
 
-# Requests refused at admission get a ledger row (who was refused, when, why) but no rollup:
-# the rollups are what was served, what budgets count and usage reports.
+# Requests refused at admission are not written (the gateway's metrics count them); rows of
+# refusals from before that stay out of the rollups: what was served, what budgets count.
 # Temporary, so per session and invisible to others; emptied at each commit.
 _STAGING = (
     "CREATE TEMP TABLE IF NOT EXISTS ledger_staging ON COMMIT DELETE ROWS"

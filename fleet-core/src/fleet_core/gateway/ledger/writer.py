@@ -212,6 +212,10 @@ class LedgerWriter:
         await self._caught_up.wait()
 
     def record(self, record: UsageRecord) -> None:
+        """Queue ``record`` for the ledger; a refusal is not kept (it bills nothing, and a client
+        looping on a 429 would write a row per refusal: the gateway's metrics count them)."""
+        if record.outcome == "refused":
+            return
         if not self._queue:  # while the queue holds a record, the writer is not caught up
             self._caught_up.clear()
         if self._closing or len(self._queue) >= self._queue_limit:
