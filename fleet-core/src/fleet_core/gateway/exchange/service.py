@@ -28,6 +28,7 @@ from fleet_core.gateway.admission.key_ring import ANONYMOUS, Principal
 from fleet_core.gateway.admission.service import Admission, Reservation
 from fleet_core.gateway.config import RoutingConfig
 from fleet_core.gateway.edge.wire import Kind, ParsedRequest, StreamChunk, prompt_text
+from fleet_core.gateway.exchange import lengths
 from fleet_core.gateway.exchange.proxy import Opened, Proxy, engine_timeout
 from fleet_core.gateway.exchange.relay import Relay, StreamMeter
 from fleet_core.gateway.exchange.routing import affinity
@@ -177,6 +178,7 @@ class GatewayService:
         """
         table = self._table()
         pool = table.resolve(request.model)
+        lengths.check(request)
         counter = self.counter(pool)
         text, given_ids = prompt_text(request)
         prompt_tokens = counter.count(text) + given_ids
@@ -255,7 +257,7 @@ class GatewayService:
         default_max = self._admission.default_max_tokens
 
         def body_for(pool: Pool) -> bytes:
-            return _forward_body(request, pool, default_max_tokens=default_max)
+            return lengths.forward_body(request, pool, default_max_tokens=default_max)
 
         def attempt(url: str | None) -> None:
             if url is None and exchange.attempt is not None:
@@ -436,19 +438,6 @@ def _equal(tenant: str) -> int:
 def _timeout(exchange: Exchange) -> UpstreamError:
     assert exchange.opened is not None
     return engine_timeout(exchange.opened.lease.target.url)
-
-
-def _forward_body(request: ParsedRequest, pool: Pool, *, default_max_tokens: int) -> bytes:
-    """The client's body for ``pool``: its model name, usage asked for on streams, and the
-    ``max_tokens`` the reservation assumed when the client gave none (else the engine could
-    generate to the model's context length, past what was reserved)."""
-    body: dict[str, Any] = {**request.body, "model": pool.name}
-    if request.stream and not request.wants_usage:
-        options = body.get("stream_options") or {}
-        body["stream_options"] = {**options, "include_usage": True}
-    if request.kind != "embeddings" and request.max_tokens is None:
-        body["max_tokens"] = default_max_tokens  # the name every engine accepts, chat included
-    return msgspec.json.encode(body)
 
 
 def _engine_usage(usage: Any) -> EngineUsage:
