@@ -306,7 +306,7 @@ class GatewayService:
         exchange.relay = Relay(exchange.opened.response, meter)
         status = exchange.opened.response.status
         async for frames, more in exchange.relay.frames():
-            if frames and exchange.first_byte_at is None:
+            if meter.output and exchange.first_byte_at is None:  # the engine's, not ours
                 exchange.first_byte_at = time.time()
             yield frames, more
             if meter.done and not meter.broken:
