@@ -76,6 +76,7 @@ LIES = {
     "negative completion": Lie(usage(3, -7), (3, 0, 0), ("completion",)),
     "completion past the reservation": Lie(usage(3, 10**12), (3, MAX_TOKENS, 0), ("completion",)),
     "completion past int8": Lie(usage(3, 15 * 10**18), (3, MAX_TOKENS, 0), ("completion",)),
+    "completion past uint64": Lie(usage(3, 10**30), (3, MAX_TOKENS, 0), ("completion",)),
     "prompt far past the gateway's count": Lie(usage(10**9, 2), (PROMPT_CAP, 2, 0), ("prompt",)),
     "more cached than prompt": Lie(usage(3, 2, cached=50), (3, 2, 3), ("cached",)),
     "negative cached": Lie(usage(3, 2, cached=-9), (3, 2, 0), ("cached",)),
