@@ -220,3 +220,43 @@ def test_vllm_without_a_gpu_is_refused() -> None:
 def test_invalid_specs_name_the_field(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidSpec, match=message):
         spec(**fields)
+
+
+def _llamacpp(*engine_args: str) -> list[str]:
+    s = spec(engine="llamacpp", weightFormat="gguf", gpusPerReplica=0,
+             source={"uri": "s3://models/gemma/gemma-3-270m.gguf"},
+             engineArgs=list(engine_args))  # fmt: skip
+    return list(container(rendering.deployment(OWNER, s, profiles.check(s)))["args"])
+
+
+def _predict(args: list[str]) -> list[str]:
+    return [args[i + 1] for i, arg in enumerate(args) if arg in ("-n", "--n-predict")]
+
+
+@pytest.mark.parametrize(
+    ("engine_args", "cap"),
+    [
+        ((), str(profiles.LLAMACPP_CONTEXT)),
+        (("--ctx-size", "8192"), "8192"),
+        (("-c", "2048", "--parallel", "2"), "2048"),
+        (("--ctx-size=16384",), "16384"),
+        (("-c", "0"), str(profiles.LLAMACPP_CONTEXT)),  # the model's own size: not known here
+    ],
+)
+def test_llama_server_is_rendered_with_a_server_side_generation_cap(
+    engine_args: tuple[str, ...], cap: str
+) -> None:
+    """A request's own ``n_predict`` cannot raise llama-server's ``--n-predict``: the cap that
+    keeps an engine from generating past the context, whatever a request body says."""
+    assert _predict(_llamacpp(*engine_args)) == [cap]
+
+
+def test_a_user_n_predict_stands_alone() -> None:
+    args = _llamacpp("--n-predict", "512")
+    assert _predict(args) == ["512"]
+
+
+def test_vllm_gets_no_llama_server_cap() -> None:
+    s = spec()
+    args = container(rendering.deployment(OWNER, s, profiles.check(s)))["args"]
+    assert "--n-predict" not in args

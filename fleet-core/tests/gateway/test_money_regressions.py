@@ -117,7 +117,7 @@ async def test_completions_bounds_and_worst_cases_are_400(
         (
             "/v1/chat/completions",
             {"max_tokens": None, "max_completion_tokens": 9},
-            {"max_completion_tokens": 9},
+            {"max_tokens": 9},  # the one name every engine reads (exchange/lengths.py)
         ),
         (
             "/v1/completions",

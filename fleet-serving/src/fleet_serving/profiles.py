@@ -23,12 +23,19 @@ __all__ = [
     "check",
     "engine_args",
     "image_for",
+    "n_predict_cap",
     "profile_for",
 ]
 
 MODEL_DIR = "/models"
 """Where an ``s3://`` or ``registry:`` source is copied before the engine starts."""
 
+
+LLAMACPP_CONTEXT = 4096
+"""llama-server's own default ``--ctx-size``: the server-side cap on generated tokens when the
+FleetModel's engine arguments set no context size of their own (`n_predict_cap`)."""
+_CTX_FLAGS = ("-c", "--ctx-size")
+_PREDICT_FLAGS = ("-n", "--n-predict", "--predict")
 
 LLAMACPP_BUILD = "b6800"
 """The llama.cpp release whose ``server`` images are run: pinned, never a floating tag."""
@@ -137,4 +144,36 @@ def engine_args(
         args += ["--host", "0.0.0.0", "--port", str(profile.port)]
         if spec.gpus_per_replica > 0:
             args += ["--n-gpu-layers", "999"]
+        if (cap := n_predict_cap(spec.engine_args)) is not None:
+            args += ["--n-predict", str(cap)]
     return args + list(spec.engine_args)
+
+
+def n_predict_cap(user_args: list[str]) -> int | None:
+    """llama-server's server-side cap on the tokens one request may generate (``--n-predict``),
+    which no request's own ``n_predict`` can raise: the context size the FleetModel's engine
+    arguments give (``-c``/``--ctx-size``), else `LLAMACPP_CONTEXT`. None when the arguments set
+    ``--n-predict`` themselves (theirs stands). Without it llama-server generates until the
+    context is full, whatever was reserved for the request: the gateway forwards one length
+    (``max_tokens``), and this is the engine's own backstop behind it."""
+    if _flag_value(user_args, _PREDICT_FLAGS) is not None:
+        return None
+    context = _flag_value(user_args, _CTX_FLAGS)
+    try:
+        size = int(context) if context is not None else LLAMACPP_CONTEXT
+    except ValueError:
+        size = LLAMACPP_CONTEXT  # llama-server itself refuses a malformed size at start
+    return size if size > 0 else LLAMACPP_CONTEXT  # 0: the model's own, unknown here
+
+
+def _flag_value(args: list[str], flags: tuple[str, ...]) -> str | None:
+    """The last value given to any of ``flags`` (``-c 8192`` or ``--ctx-size=8192``), or None."""
+    found = None
+    for index, arg in enumerate(args):
+        name, equals, value = arg.partition("=")
+        if name in flags:
+            if equals:
+                found = value
+            elif index + 1 < len(args):
+                found = args[index + 1]
+    return found

@@ -28,6 +28,7 @@ interface Agreement {
   prompt: CountAgreement;
   completion: CountAgreement;
   countMethods: string[];
+  outOfBounds: number;
 }
 
 const RANGES: Record<string, number> = { "24 h": 1, "7 days": 7, "30 days": 30 };
@@ -90,6 +91,7 @@ export default function Usage() {
               { title: "Requests", dataIndex: "requests" },
               { title: "Compared", dataIndex: "compared" },
               { title: "Without engine usage", dataIndex: "withoutEngineUsage" },
+              { title: "Out of bounds (billed at the bound)", dataIndex: "outOfBounds" },
               { title: "Prompt: mean difference", render: (_, a) => (a.prompt.meanRelativeDiff === null ? "–" : percent(a.prompt.meanRelativeDiff)) },
               { title: "Prompt: p95 |difference|", render: (_, a) => (a.prompt.p95AbsRelativeDiff === null ? "–" : percent(a.prompt.p95AbsRelativeDiff)) },
               { title: "Completion: mean difference", render: (_, a) => (a.completion.meanRelativeDiff === null ? "–" : percent(a.completion.meanRelativeDiff)) },

@@ -284,6 +284,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
             pool=database.pool if database else None,
         ),
         max_body=settings.max_body_bytes,
+        sink_problem=(lambda: database.ledger.problem) if database else lambda: None,
     )
     routes += proxy_routes(
         resources.session, settings.console.api_url, max_body=settings.max_body_bytes

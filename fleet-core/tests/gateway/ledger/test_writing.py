@@ -12,8 +12,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from fleet_core.gateway.ledger import LedgerWriter, store
 from fleet_core.gateway.metering.records import EngineUsage, GatewayCount
+from fleet_testing.waiting import eventually
 
-from .conftest import T0, rejected_bytes, settle, spool_files, totals, usage
+from .conftest import SETTLE_TIMEOUT_S, T0, rejected_bytes, settle, spool_files, totals, usage
 
 
 def at(seconds: float) -> datetime:
@@ -194,3 +195,43 @@ async def test_an_empty_writer_closes_cleanly(ledger_url: str, spool_path: Path,
     async with LedgerWriter(ledger_url, spool_path=spool_path, batch_size=size) as writer:
         pass
     assert writer.stats == type(writer.stats)()
+
+
+async def test_a_record_psycopg_cannot_encode_is_set_aside_and_the_writer_carries_on(
+    ledger_url: str, spool_path: Path
+) -> None:
+    """Regression: a figure past int8 raised OverflowError in psycopg's encoder, neither an
+    invalid nor an unavailable error, and the writer's task died with every later record
+    held in memory. Now it is set aside with its reason like any record the database refuses."""
+    async with LedgerWriter(ledger_url, spool_path=spool_path) as writer:
+        for n in range(10):
+            writer.record(usage(n) if n != 3 else msgspec.structs.replace(usage(n), units=2**70))
+        await settle(writer)
+        writer.record(usage(10))  # still writing
+        await settle(writer)
+        assert writer.problem is None
+    assert (writer.stats.written, writer.stats.rejected) == (10, 1)
+    rejected = rejected_bytes(spool_path)
+    assert b"req-000003" in rejected
+    assert b"OverflowError" in rejected or b"int too large" in rejected
+    assert (await totals(ledger_url))[0] == 10
+
+
+async def test_a_writer_whose_task_died_says_so(ledger_url: str, spool_path: Path) -> None:
+    """Readiness reads `LedgerWriter.problem`: a writer whose task ended (a bug) is a problem,
+    a writer closed on purpose is not; what it held still reaches the spool at close."""
+
+    def broken(batch: object) -> None:
+        raise RuntimeError("a bug after commit")
+
+    writer = LedgerWriter(ledger_url, spool_path=spool_path, on_commit=broken)
+    async with writer:
+        assert writer.problem is None
+        writer.record(usage(1))
+        problem = await eventually(
+            lambda: writer.problem, within=SETTLE_TIMEOUT_S, what="the writer's death"
+        )
+        assert "ledger writer stopped" in problem
+        writer.record(usage(2))
+    assert writer.problem is None  # closed on purpose
+    assert spool_files(spool_path) == {"ledger.jsonl": 1}  # the record after the death

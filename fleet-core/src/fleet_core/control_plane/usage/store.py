@@ -109,6 +109,12 @@ def _diff(direction: str) -> str:
     return f"(({gateway} - {engine})::float8 / greatest({engine}, 1))"
 
 
+# A billed row the engine reported a figure out of bounds for (billed at the bound instead):
+# as the ledger writer rolls it up (gateway/ledger/store.py ``OUT_OF_BOUNDS``).
+_OUT_OF_BOUNDS = """(engine_prompt_tokens IS NOT NULL AND endpoint IS NOT NULL
+    AND outcome <> 'refused' AND NOT (outcome = 'upstream_error' AND first_byte_at IS NULL)
+    AND (engine_prompt_tokens, engine_completion_tokens, engine_cached_tokens)
+        IS DISTINCT FROM (prompt_tokens, completion_tokens, cached_tokens))"""
 _MODEL = "(%(model)s::text IS NULL OR model = %(model)s)"
 # The raw ledger rows of the window's partial edge hours (the ledger_done index).
 _EDGES = f"""
@@ -120,15 +126,15 @@ WITH edge AS (
 """
 _COUNTS = f"""{_EDGES}
 SELECT model, count_method, sum(requests), sum(prompt_compared), sum(completion_compared),
-       sum(prompt_diff_sum), sum(completion_diff_sum)
+       sum(prompt_diff_sum), sum(completion_diff_sum), sum(out_of_bounds)
 FROM (
     SELECT model, count_method, requests, prompt_compared, completion_compared,
-           prompt_diff_sum, completion_diff_sum
+           prompt_diff_sum, completion_diff_sum, out_of_bounds
     FROM agreement_hour WHERE hour >= %(first)s AND hour < %(last)s AND {_MODEL}
     UNION ALL
     SELECT model, count_method, count(*), count(engine_prompt_tokens),
            count(engine_completion_tokens), coalesce(sum({_diff("prompt")}), 0),
-           coalesce(sum({_diff("completion")}), 0)
+           coalesce(sum({_diff("completion")}), 0), count(*) FILTER (WHERE {_OUT_OF_BOUNDS})
     FROM served GROUP BY 1, 2
 ) AS parts GROUP BY 1, 2 ORDER BY 1, 2
 """
@@ -151,7 +157,7 @@ class _Sums:
     """One model's counts and sums of signed differences, over its count methods."""
 
     def __init__(self) -> None:
-        self.requests = self.prompt_n = self.completion_n = 0
+        self.requests = self.prompt_n = self.completion_n = self.out_of_bounds = 0
         self.prompt_sum = self.completion_sum = 0.0
         self.methods: list[str] = []
 
@@ -193,8 +199,9 @@ async def agreement(
         counts = await (await conn.execute(_COUNTS, params)).fetchall()
         histogram = await (await conn.execute(_HISTOGRAM, params)).fetchall()
     sums: dict[str, _Sums] = {}
-    for name, method, requests, prompt_n, completion_n, prompt_sum, completion_sum in counts:
+    for name, method, requests, prompt_n, completion_n, prompt_sum, completion_sum, oob in counts:
         one = sums.setdefault(name, _Sums())
+        one.out_of_bounds += int(oob)
         one.requests += int(requests)
         one.prompt_n += int(prompt_n)
         one.completion_n += int(completion_n)
@@ -224,4 +231,5 @@ def _agreement(
         prompt=side(one.prompt_n, one.prompt_sum, "prompt"),
         completion=side(one.completion_n, one.completion_sum, "completion"),
         count_methods=sorted(one.methods),
+        out_of_bounds=one.out_of_bounds,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -137,6 +138,10 @@ def error_response(exc: Exception, path: str) -> Response:
     return web.render(FleetError("an internal error occurred; it has been logged"))
 
 
+def _no_problem() -> str | None:
+    return None
+
+
 class _Endpoints:
     def __init__(
         self,
@@ -148,9 +153,11 @@ class _Endpoints:
         metrics: GatewayMetrics,
         viewers: Viewers,
         max_body: int,
+        sink_problem: Callable[[], str | None] = _no_problem,
     ) -> None:
         self.service, self.router, self.ring, self.max_body = service, router, ring, max_body
         self.admission, self.metrics, self.viewers = admission, metrics, viewers
+        self.sink_problem = sink_problem
 
     async def _reader(self, request: Request) -> Principal | None:
         """Whose records a caller may read: None for everyone's (the metrics credential), else
@@ -182,10 +189,13 @@ class _Endpoints:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        """503 while the gateway could not serve: no ready endpoint, or admission down."""
+        """503 while the gateway could not serve: no ready endpoint, admission down, or the
+        ledger writer stopped (records would pile up in memory, unwritten)."""
         problems = [] if self.router.any_ready() else ["no ready endpoint"]
         if admission_problem := await self.admission.ready():
             problems.append(admission_problem)
+        if sink_problem := self.sink_problem():
+            problems.append(sink_problem)
         body: dict[str, Any] = {"status": "; ".join(problems) or "ready"}
         if await self.viewers.sees_all(request.headers.get("authorization")):
             body["upstreams"] = self.router.describe()
@@ -270,9 +280,11 @@ def gateway_routes(
     metrics: GatewayMetrics,
     viewers: Viewers,
     max_body: int,
+    sink_problem: Callable[[], str | None] = _no_problem,
 ) -> tuple[dict[str, ASGIApp], list[BaseRoute]]:
     """The OpenAI POST routes as plain ASGI apps by path (for `GatewayApp`), and every route
-    (those included) for the Starlette app."""
+    (those included) for the Starlette app. ``sink_problem`` says why usage records cannot be
+    kept (the ledger writer stopped), for ``/readyz``."""
     ep = _Endpoints(
         service,
         router,
@@ -281,6 +293,7 @@ def gateway_routes(
         metrics=metrics,
         viewers=viewers,
         max_body=max_body,
+        sink_problem=sink_problem,
     )
     proxies: dict[str, ASGIApp] = {path: _Proxy(ep, kind) for kind, path in PATHS.items()}
     return proxies, [

@@ -3,7 +3,8 @@
 Failover happens only before the first response byte, and only where the engine cannot have
 generated anything for the request: connection refused, a connect timeout, a connection reset or
 closed before any status line, or a 429/5xx status move on to the next endpoint of the pool, then to
-each fallback pool, every endpoint at most once. A refused or reset connection counts toward the
+each fallback pool, every endpoint at most once per request (an endpoint a fallback pool shares
+with a pool already tried is not tried again). A refused or reset connection counts toward the
 endpoint's passive ejection; a status answer does not (the engine is alive and said no).
 
 An engine that accepted the request and then went silent past ``read_timeout_s`` is not a
@@ -122,8 +123,8 @@ class Proxy:
         """
         attempt = on_attempt or _ignore
         failures: list[_Failure] = []
+        tried: set[str] = set()  # across the chain: a fallback pool may share an endpoint
         for pool in chain:
-            tried: set[str] = set()
             body = body_for(pool)
             while lease := await self._registry.acquire(
                 pool, tried, wait_s=self._queue_timeout, ticket=ticket

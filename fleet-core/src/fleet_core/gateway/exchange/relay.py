@@ -56,6 +56,9 @@ class StreamMeter:
     """The engine sent ``data: [DONE]``: the stream is complete for the client, which may leave
     (the OpenAI SDK closes on it) before the engine's EOF."""
     ended_choices: int = 0
+    output: bool = False
+    """The engine sent a frame (the gateway's own error frame is not one): until then the
+    request has had no first byte, and bills as one that failed before it."""
     partial: bytes = field(default=b"", repr=False)
     """The start of a frame a read left incomplete; the next read completes it."""
 
@@ -334,13 +337,20 @@ class Relay:
             last = b""
             while chunk := await content.readany():
                 ready = meter.feed(chunk)  # every frame that arrived goes out now, at once
+                meter.output = meter.output or bool(ready) or meter.usage is not None
                 if content.at_eof():  # the end came with them: they end the response
                     last = ready
                     break
                 if ready:
                     yield ready, True
             meter.finished = True
-            yield (last + meter.partial if meter.partial.strip() else last), False
+            last = last + meter.partial if meter.partial.strip() else last
+            if not (meter.output or last):
+                meter.broken = "the engine ended its stream without sending a frame"
+                yield _broken(meter.broken, "stream_interrupted"), False
+                return
+            meter.output = True
+            yield last, False
         except TimeoutError:
             meter.broken = "the engine sent nothing within the read timeout (read_timeout_s)"
             yield _broken(meter.broken, "engine_timeout"), False

@@ -28,12 +28,14 @@ from fleet_core.gateway.admission.key_ring import ANONYMOUS, Principal
 from fleet_core.gateway.admission.service import Admission, Reservation
 from fleet_core.gateway.config import RoutingConfig
 from fleet_core.gateway.edge.wire import Kind, ParsedRequest, StreamChunk, prompt_text
+from fleet_core.gateway.exchange import lengths
 from fleet_core.gateway.exchange.proxy import Opened, Proxy, engine_timeout
 from fleet_core.gateway.exchange.relay import Relay, StreamMeter
 from fleet_core.gateway.exchange.routing import affinity
 from fleet_core.gateway.exchange.routing.endpoints import Ticket
 from fleet_core.gateway.exchange.routing.table import Pool, RoutingTable
 from fleet_core.gateway.exchange.tokenizers import RegistryTokenizers, registry_id
+from fleet_core.gateway.metering import bounds
 from fleet_core.gateway.metering.counting import Counter, load_counter
 from fleet_core.gateway.metering.records import (
     EngineUsage,
@@ -115,6 +117,8 @@ class RequestMetrics(Protocol):
 
     def observe(self, record: UsageRecord) -> None: ...
 
+    def refusal(self, record: UsageRecord) -> None: ...
+
 
 class GatewayService:
     def __init__(
@@ -174,6 +178,7 @@ class GatewayService:
         """
         table = self._table()
         pool = table.resolve(request.model)
+        lengths.check(request)
         counter = self.counter(pool)
         text, given_ids = prompt_text(request)
         prompt_tokens = counter.count(text) + given_ids
@@ -234,7 +239,7 @@ class GatewayService:
         if request.kind == "embeddings":
             return 0
         most = request.max_tokens or self._admission.default_max_tokens
-        return most * request.sequences
+        return bounds.completion_cap(most, request.sequences)
 
     async def _admit(self, exchange: Exchange) -> None:
         """Reserve the request's worst case (P5): every sequence it may generate, in full."""
@@ -252,7 +257,7 @@ class GatewayService:
         default_max = self._admission.default_max_tokens
 
         def body_for(pool: Pool) -> bytes:
-            return _forward_body(request, pool, default_max_tokens=default_max)
+            return lengths.forward_body(request, pool, default_max_tokens=default_max)
 
         def attempt(url: str | None) -> None:
             if url is None and exchange.attempt is not None:
@@ -301,7 +306,7 @@ class GatewayService:
         exchange.relay = Relay(exchange.opened.response, meter)
         status = exchange.opened.response.status
         async for frames, more in exchange.relay.frames():
-            if frames and exchange.first_byte_at is None:
+            if meter.output and exchange.first_byte_at is None:  # the engine's, not ours
                 exchange.first_byte_at = time.time()
             yield frames, more
             if meter.done and not meter.broken:
@@ -330,6 +335,7 @@ class GatewayService:
         self._sink.record(record)
         self._count(exchange, record)
         if exchange.reservation is None:
+            self._metrics.refusal(record)
             return
         self._metrics.request_finished(record.model)
         self._metrics.observe(record)
@@ -376,6 +382,8 @@ class GatewayService:
             tenant=principal.tenant,
             project=principal.project,
             key_id=principal.key_id,
+            prompt_cap=bounds.prompt_cap(exchange.prompt_tokens, exchange.request.body),
+            completion_cap=self._completion_reserve(exchange.request),
         )
         rates = self._admission.rates(record.served_model)
         if rates is not None:
@@ -430,19 +438,6 @@ def _equal(tenant: str) -> int:
 def _timeout(exchange: Exchange) -> UpstreamError:
     assert exchange.opened is not None
     return engine_timeout(exchange.opened.lease.target.url)
-
-
-def _forward_body(request: ParsedRequest, pool: Pool, *, default_max_tokens: int) -> bytes:
-    """The client's body for ``pool``: its model name, usage asked for on streams, and the
-    ``max_tokens`` the reservation assumed when the client gave none (else the engine could
-    generate to the model's context length, past what was reserved)."""
-    body: dict[str, Any] = {**request.body, "model": pool.name}
-    if request.stream and not request.wants_usage:
-        options = body.get("stream_options") or {}
-        body["stream_options"] = {**options, "include_usage": True}
-    if request.kind != "embeddings" and request.max_tokens is None:
-        body["max_tokens"] = default_max_tokens  # the name every engine accepts, chat included
-    return msgspec.json.encode(body)
 
 
 def _engine_usage(usage: Any) -> EngineUsage:

@@ -98,10 +98,16 @@ class Spool:
         _sync_dir(segment.parent)
 
     def reject(self, records: Sequence[UsageRecord], reason: BaseException) -> None:
-        """Set aside records the database refuses, so they stop blocking the rest."""
+        """Set aside records the database refuses, so they stop blocking the rest: each line
+        the record with ``rejectedBecause`` (its reason) added, still readable as a record."""
         ids = ", ".join(r.request_id for r in records)
         log.error("ledger refused %s (set aside in %s): %s", ids, self.rejected, reason)
-        _append(self.rejected, self._encoder.encode_lines(records), sync=True)
+        because = msgspec.json.encode(f"{type(reason).__name__}: {reason}")
+        lines = b"".join(
+            self._encoder.encode(r)[:-1] + b',"rejectedBecause":' + because + b"}\n"
+            for r in records
+        )
+        _append(self.rejected, lines, sync=True)
 
     def _decode(self, line: bytes) -> UsageRecord | None:
         if not line.strip():

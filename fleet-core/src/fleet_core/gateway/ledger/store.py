@@ -24,6 +24,7 @@ from fleet_core.gateway.metering.records import UsageRecord
 
 __all__ = [
     "COLUMNS",
+    "OUT_OF_BOUNDS",
     "LedgerRow",
     "MinuteRow",
     "Totals",
@@ -71,8 +72,8 @@ COLUMNS = (
 )
 _COLS = ", ".join(COLUMNS)
 
-# Requests refused at admission get a ledger row (who was refused, when, why) but no rollup:
-# the rollups are what was served, what budgets count and usage reports.
+# Requests refused at admission are not written (the gateway's metrics count them); rows of
+# refusals from before that stay out of the rollups: what was served, what budgets count.
 # Temporary, so per session and invisible to others; emptied at each commit.
 _STAGING = (
     "CREATE TEMP TABLE IF NOT EXISTS ledger_staging ON COMMIT DELETE ROWS"
@@ -122,16 +123,27 @@ def _diff(direction: str) -> str:
     return f"(({gateway} - {engine})::float8 / greatest({engine}, 1))"
 
 
+# A billed row whose engine figures are not what it billed: the engine reported a figure out of
+# bounds (metering/bounds.py), billed at its bound. As ``usage.store`` computes it too.
+OUT_OF_BOUNDS = """(engine_prompt_tokens IS NOT NULL AND endpoint IS NOT NULL
+    AND outcome <> 'refused' AND NOT (outcome = 'upstream_error' AND first_byte_at IS NULL)
+    AND (engine_prompt_tokens, engine_completion_tokens, engine_cached_tokens)
+        IS DISTINCT FROM (prompt_tokens, completion_tokens, cached_tokens))"""
+
 # The usage agreement's hourly rollups (ADR 0014): counts and sums of signed differences per
-# model, hour and count method; how many requests had each exact absolute difference.
+# model, hour and count method, and how many had figures out of bounds; how many requests had
+# each exact absolute difference.
 _AGREEMENT = f"""
     INSERT INTO agreement_hour AS a (model, hour, count_method, requests, prompt_compared,
-                                     completion_compared, prompt_diff_sum, completion_diff_sum)
+                                     completion_compared, prompt_diff_sum, completion_diff_sum,
+                                     out_of_bounds)
     SELECT model, date_trunc('hour', done_at, 'UTC'), count_method, count(*),
            count(engine_prompt_tokens), count(engine_completion_tokens),
-           coalesce(sum({_diff("prompt")}), 0), coalesce(sum({_diff("completion")}), 0)
+           coalesce(sum({_diff("prompt")}), 0), coalesce(sum({_diff("completion")}), 0),
+           count(*) FILTER (WHERE {OUT_OF_BOUNDS})
     FROM inserted WHERE outcome <> 'refused' GROUP BY 1, 2, 3
     ON CONFLICT (model, hour, count_method) DO UPDATE SET
+        out_of_bounds = a.out_of_bounds + excluded.out_of_bounds,
         requests = a.requests + excluded.requests,
         prompt_compared = a.prompt_compared + excluded.prompt_compared,
         completion_compared = a.completion_compared + excluded.completion_compared,
@@ -157,9 +169,9 @@ _MOVE = f"""
 WITH inserted AS (
     INSERT INTO ledger ({_COLS}) SELECT {_COLS} FROM ledger_staging
     ON CONFLICT (request_id) DO NOTHING
-    RETURNING tenant, project, model, done_at, outcome,
+    RETURNING tenant, project, model, done_at, outcome, endpoint, first_byte_at,
               prompt_tokens, completion_tokens, cached_tokens, fresh_tokens, units,
-              count_method, engine_prompt_tokens, engine_completion_tokens,
+              count_method, engine_prompt_tokens, engine_completion_tokens, engine_cached_tokens,
               gw_prompt_tokens, gw_completion_tokens
 ), minutes AS ({_rollup("usage_minute", "minute")}
 ), hours AS ({_rollup("usage_hour", "hour")}
@@ -225,6 +237,13 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _fromtimestamp = datetime.fromtimestamp
+INT8_MIN, INT8_MAX = -(2**63), 2**63 - 1
+
+
+def _int8(value: int) -> int:
+    """An engine's figure as the ledger can hold it: its claim, saturated to ``int8`` (what it
+    billed is bounded far below; a claim past ``int8`` is out of bounds either way)."""
+    return value if INT8_MIN <= value <= INT8_MAX else max(INT8_MIN, min(INT8_MAX, value))
 
 
 def row_values(record: UsageRecord) -> tuple[object, ...]:
@@ -250,9 +269,9 @@ def row_values(record: UsageRecord) -> tuple[object, ...]:
         record.status,
         record.outcome,
         record.stream,
-        None if engine is None else engine.prompt_tokens,
-        None if engine is None else engine.completion_tokens,
-        None if engine is None else engine.cached_tokens,
+        None if engine is None else _int8(engine.prompt_tokens),
+        None if engine is None else _int8(engine.completion_tokens),
+        None if engine is None else _int8(engine.cached_tokens),
         gateway.prompt_tokens,
         gateway.completion_tokens,
         gateway.method,

@@ -51,8 +51,10 @@ MAX_PAUSE_S = 30.0
 LOG_EVERY_S = 10.0
 """A repeating failure is logged at most this often."""
 
-# The batch's fault: retrying cannot help, so the offending record is set aside.
-_INVALID = (psycopg.DataError, psycopg.IntegrityError)
+# The batch's fault: retrying cannot help, so the offending record is set aside. Besides the
+# database's own refusals, a value psycopg cannot even encode (an int past int8 is OverflowError,
+# a NUL in text is a DataError, a wrong type is TypeError or ValueError) is the record's fault.
+_INVALID = (psycopg.DataError, psycopg.IntegrityError, OverflowError, ValueError, TypeError)
 # The database's (or the network's) fault: spool, and retry later.
 _UNAVAILABLE = (psycopg.Error, OSError, TimeoutError)
 
@@ -192,6 +194,15 @@ class LedgerWriter:
         return self._retry_at == 0.0
 
     @property
+    def problem(self) -> str | None:
+        """Why the writer cannot take records to the ledger, for readiness: its task ended (a
+        bug killed it; records would wait in memory until shutdown), or None."""
+        task = self._task
+        if task is None or not task.done() or self._closing:
+            return None
+        return "ledger writer stopped: usage records are not being written"
+
+    @property
     def settled(self) -> bool:
         """Whether everything recorded so far is in the ledger (or set aside as invalid)."""
         return self.available and not self._queue and not self._spool.pending
@@ -201,6 +212,10 @@ class LedgerWriter:
         await self._caught_up.wait()
 
     def record(self, record: UsageRecord) -> None:
+        """Queue ``record`` for the ledger; a refusal is not kept (it bills nothing, and a client
+        looping on a 429 would write a row per refusal: the gateway's metrics count them)."""
+        if record.outcome == "refused":
+            return
         if not self._queue:  # while the queue holds a record, the writer is not caught up
             self._caught_up.clear()
         if self._closing or len(self._queue) >= self._queue_limit:
@@ -213,6 +228,15 @@ class LedgerWriter:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="ledger-writer")
+            self._task.add_done_callback(self._stopped)
+
+    def _stopped(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() and not self._closing:
+            log.error("ledger writer cancelled; %d records held in memory", len(self._queue))
+        elif not task.cancelled() and (exc := task.exception()) is not None:
+            log.error(
+                "ledger writer stopped; %d records held in memory", len(self._queue), exc_info=exc
+            )
 
     async def aclose(self) -> None:
         """Stop after writing (or spooling) everything recorded so far."""
@@ -220,8 +244,8 @@ class LedgerWriter:
         self._closed.set()
         self._wake.set()
         try:
-            if self._task is not None:
-                await self._task
+            if self._task is not None and not self._task.done():
+                await self._task  # one that died already was logged (`_stopped`)
         finally:
             self._spool_or_hold(list(self._queue))  # only if the task died of a bug
             self._queue.clear()

@@ -145,6 +145,20 @@ class GatewayMetrics:
             ("tenant", "project", "level", "dimension"),
             registry=registry,
         )
+        self._refused = Counter(
+            "fleet_requests_refused_total",
+            "Requests refused before reaching an engine (a limit, a budget, an inactive tenant"
+            " or project), by status: counted here, not kept as ledger rows.",
+            ("tenant", "project", "model", "status"),
+            registry=registry,
+        )
+        self._out_of_bounds = Counter(
+            "fleet_engine_usage_out_of_bounds_total",
+            "Engine usage figures out of bounds (negative, more completion than reserved, a"
+            " prompt far past the gateway's count), billed at the bound: by model and figure.",
+            ("model", "figure"),
+            registry=registry,
+        )
         self._store_errors = Counter(
             "fleet_rate_limiter_store_errors_total",
             "Rate limiter store calls that failed or timed out.",
@@ -179,6 +193,14 @@ class GatewayMetrics:
         if completion > 0:
             tokens.inc((tenant, project, model, "output"), completion)
         self._observe_latency(record, (model,))
+        for figure in record.out_of_bounds:
+            self._out_of_bounds.labels(model, figure).inc()
+        self._changed()
+
+    def refusal(self, record: UsageRecord) -> None:
+        """One request refused before it reached an engine (its record bills nothing)."""
+        tenant, project, model = _scope_labels(record)
+        self._refused.labels(tenant, project, model, str(record.status)).inc()
         self._changed()
 
     def _observe_latency(self, record: UsageRecord, model: tuple[str]) -> None:

@@ -9,6 +9,7 @@ What a record bills (`UsageRecord.billed_tokens`) is decided once, when the reco
 read back from the spool), and kept beside its fields: settlement, the metrics and the ledger row
 each read it, and a request's record is read that way several times in the gateway's hot path.
 The figures are derived, never sent: a record's JSON (the spool, the request log) is its fields.
+The engine's figures are billed only within the bounds the record carries (``bounds.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Sequence
 from typing import Literal, Protocol
 
 import msgspec
+
+from fleet_core.gateway.metering import bounds
 
 __all__ = ["EngineUsage", "FanOut", "GatewayCount", "RingSink", "UsageRecord", "UsageSink"]
 
@@ -58,12 +61,17 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel", dic
     """Micro-units billed (tokens × the model's rates); None when the model has no rates."""
     client_request_id: str | None = None
     """The client's own ``X-Request-Id``, kept for its reference; not unique, never a key."""
+    prompt_cap: int | None = None
+    """The most prompt tokens the engine's usage may bill (`bounds.prompt_cap`); None: no bound
+    but 0 (records spooled before bounds were kept)."""
+    completion_cap: int | None = None
+    """The most completion tokens it may bill: what was reserved (`bounds.completion_cap`)."""
 
     def __post_init__(self) -> None:
         # ``dict=True`` gives the record a ``__dict__`` beside its fields: the billed figures
         # live there, computed once here (msgspec runs this on construction, ``replace`` and
         # decoding alike) and never encoded.
-        self.__dict__[_BILLED] = _billed_tokens(self)
+        self.__dict__[_BILLED], self.__dict__[_FLAGGED] = _billed_tokens(self)
 
     @property
     def billed(self) -> bool:
@@ -96,28 +104,45 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel", dic
         return self.billed_tokens()[2]
 
     @property
+    def out_of_bounds(self) -> tuple[str, ...]:
+        """The engine's figures billed at their bound rather than as reported (``bounds.py``)."""
+        flagged: tuple[str, ...] = self.__dict__[_FLAGGED]
+        return flagged
+
+    @property
     def fresh_tokens(self) -> int:
         prompt, _, cached = self.billed_tokens()
         return prompt - cached
 
 
 _BILLED = "_billed_tokens"
+_FLAGGED = "_out_of_bounds"
 _NOTHING = (0, 0, 0)
 
 
-def _billed_tokens(record: UsageRecord) -> tuple[int, int, int]:
-    """The billed ``(prompt, completion, cached)`` tokens: none unless `UsageRecord.billed`;
-    the engine's usage when it sent one, else the gateway's count (which sees no cache)."""
+def _billed_tokens(record: UsageRecord) -> tuple[tuple[int, int, int], tuple[str, ...]]:
+    """The billed ``(prompt, completion, cached)`` tokens, and the engine's figures that were out
+    of bounds: none unless `UsageRecord.billed`; the engine's usage when it sent one, held to the
+    record's bounds (`bounds.bound`), else the gateway's count (which sees no cache)."""
     outcome = record.outcome  # `UsageRecord.billed`, inline: this runs for every record
     if outcome == "refused" or record.endpoint is None:
-        return _NOTHING
+        return _NOTHING, ()
     if outcome == "upstream_error" and record.first_byte_at is None:
-        return _NOTHING
+        return _NOTHING, ()
     engine = record.engine
     if engine is not None:
-        return engine.prompt_tokens, engine.completion_tokens, engine.cached_tokens
+        prompt, completion, cached, flagged = bounds.bound(
+            engine.prompt_tokens,
+            engine.completion_tokens,
+            engine.cached_tokens,
+            prompt_most=record.prompt_cap,
+            completion_most=record.completion_cap,
+        )
+        return (prompt, completion, cached), flagged
     gateway = record.gateway
-    return gateway.prompt_tokens, gateway.completion_tokens, 0
+    completion, most = gateway.completion_tokens, record.completion_cap
+    # The relayed text of an engine that ignored max_tokens: billed no further than reserved.
+    return (gateway.prompt_tokens, completion if most is None else min(completion, most), 0), ()
 
 
 class UsageSink(Protocol):
