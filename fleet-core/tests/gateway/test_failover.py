@@ -269,7 +269,7 @@ async def test_a_stream_without_engine_usage_is_still_counted(
     assert record["gateway"] == {
         "promptTokens": 4,
         "completionTokens": 3,
-        "method": "estimate:ascii/4+other",
+        "method": "estimate:utf8-bytes",
     }
 
 

@@ -44,5 +44,5 @@ class Agreement(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     prompt: CountAgreement
     completion: CountAgreement
     count_methods: list[str]
-    """How the gateway counted: ``tokenizer:…`` (the model's own) or ``estimate:ascii/4+other``
-    (older records: ``estimate:chars/4``)."""
+    """How the gateway counted: ``tokenizer:…`` (the model's own) or ``estimate:utf8-bytes``
+    (older records: ``estimate:ascii/4+other``, ``estimate:chars/4``)."""
