@@ -316,7 +316,8 @@ def _too_large(plan: _Plan, tokens: int) -> ReservationTooLarge:
         if amount > bucket.capacity:
             return ReservationTooLarge(
                 f"this request reserves {amount} tokens but the {bucket.level} limit is "
-                f"tpm={bucket.capacity}; it can never be admitted: lower max_tokens",
+                f"tpm={bucket.capacity}; it can never be admitted: shorten the prompt (messages, "
+                "tools, schemas) or lower max_tokens",
                 param="max_tokens",
             )
     raise AssertionError("a plan refused tokens every bucket holds")
