@@ -39,6 +39,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "PermissionDenied",
+    "shown",
     "RateLimited",
     "ReservationTooLarge",
     "Unavailable",
@@ -185,3 +186,16 @@ class Unavailable(FleetError):
     status = 503
     type = "service_unavailable"
     default_code = "unavailable"
+
+
+SHOWN_CHARS = 200
+"""The most characters of a client's own value (a model name, a path) an error message echoes."""
+
+
+def shown(value: str, most: int = SHOWN_CHARS) -> str:
+    """``value`` quoted for an error message, cut to ``most`` characters (its length said), so a
+    100 KB model name is not sent back, logged and stored whole."""
+    if len(value) <= most:
+        return repr(value)
+    return f"{value[:most]!r}… ({len(value)} characters)"
+
