@@ -198,5 +198,3 @@ async def test_ordinary_requests_still_pass(gw: Any) -> None:
         )
         await reader.readexactly(length)
     writer.close()
-
-

@@ -157,7 +157,7 @@ async def _serve_uvicorn(
         access_log=False,  # RequestContextMiddleware writes the access line, with the request id
         proxy_headers=False,  # as with hypercorn: the peer is the peer
         server_header=False,
-        timeout_keep_alive=limits.keep_alive_s,
+        timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works
         timeout_graceful_shutdown=grace_s,  # type: ignore[arg-type]  # a float works (wait_for)
     )
     server = _Uvicorn(config)

@@ -42,13 +42,13 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "PermissionDenied",
-    "shown",
     "RateLimited",
     "RequestTimeout",
     "ReservationTooLarge",
     "Unavailable",
     "UnsupportedMediaType",
     "UpstreamError",
+    "shown",
 ]
 
 
@@ -216,4 +216,3 @@ def shown(value: str, most: int = SHOWN_CHARS) -> str:
     if len(value) <= most:
         return repr(value)
     return f"{value[:most]!r}… ({len(value)} characters)"
-

@@ -90,8 +90,8 @@ def uvicorn_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
 class _GuardedHttpTools(HttpToolsProtocol):
     limits: ClassVar[HttpLimits]
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
-        super().connection_made(transport)  # type: ignore[arg-type]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
         self._in_head, self._head_bytes, self._fields = True, 0, 0
         self._refusal: bytes | None = None
         self._timer: asyncio.TimerHandle | None = None

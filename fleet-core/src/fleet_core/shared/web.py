@@ -93,7 +93,9 @@ async def _on_fleet_error(request: Request, exc: Exception) -> Response:
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        return render(MethodNotAllowed(f"{request.method} is not allowed on {shown(request.url.path)}"))
+        return render(
+            MethodNotAllowed(f"{request.method} is not allowed on {shown(request.url.path)}")
+        )
     if exc.status_code == 404:
         return render(NotFound(f"no route for {request.method} {shown(request.url.path)}"))
     return render(FleetError(str(exc.detail)))

@@ -52,8 +52,8 @@ class _Proxy:
     async def forward(self, request: Request) -> Response:
         if self.api_url is None:
             raise NotFound(
-                f"no route for {request.method} {shown(request.url.path)}: this gateway passes no calls "
-                "to a control plane (set FLEET_CONSOLE_API_URL to the control plane's URL)",
+                f"no route for {request.method} {shown(request.url.path)}: this gateway passes "
+                "no calls to a control plane (set FLEET_CONSOLE_API_URL to its URL)",
                 code="no_control_plane",
             )
         body = await read_body(request, self.max_body)
