@@ -139,6 +139,7 @@ class FaultEngine:
         self._tasks.add(task)
         try:
             method, target, body = await _read_request(reader)
+            script: Script
             if target == "/tokenize":
                 script = [answer(404, {"error": "no tokenizer here"})]
             elif method == "POST":
