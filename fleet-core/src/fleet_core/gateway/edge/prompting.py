@@ -69,36 +69,44 @@ _ID_FIELDS = {"completions": "prompt", "embeddings": "input"}
 
 
 def prompt_of(kind: str, body: dict[str, Any]) -> Prompt:
-    """The prompt-bearing text of ``body`` and its token ids; 400 if it nests past `MAX_DEPTH`."""
+    """The prompt-bearing text of ``body`` and its token ids; 400 if it nests past `MAX_DEPTH`.
+    Every request passes here, so the walk compares types by identity and appends strings
+    without a call (a third of the cost of ``isinstance`` and a call per value)."""
     parts: list[str] = []
     ids = 0
     id_field = _ID_FIELDS.get(kind)
     for name, value in body.items():
         if name == id_field:
             ids += _prompt_value(value, parts)
-        elif name in NOT_PROMPT:
-            if isinstance(value, dict | list):
-                _texts(value, [], 2)  # not counted, but bounded like the rest
-        else:
+        elif name not in NOT_PROMPT:
             _texts(value, parts, 2)
+        elif type(value) is dict or type(value) is list:
+            _texts(value, [], 2)  # not counted, but bounded like the rest
     return "\n".join(parts), ids
 
 
 def _texts(value: Any, out: list[str], depth: int) -> None:
-    if isinstance(value, str):
+    kind = type(value)
+    if kind is str:
         out.append(value)
-    elif isinstance(value, dict):
+    elif kind is dict:
         if depth > MAX_DEPTH:
             raise _too_deep()
         for key, item in value.items():
             out.append(key)
-            _texts(item, out, depth + 1)
-    elif isinstance(value, list):
+            if type(item) is str:
+                out.append(item)
+            else:
+                _texts(item, out, depth + 1)
+    elif kind is list:
         if depth > MAX_DEPTH:
             raise _too_deep()
         for item in value:
-            _texts(item, out, depth + 1)
-    elif value is not None and not isinstance(value, bool):
+            if type(item) is str:
+                out.append(item)
+            else:
+                _texts(item, out, depth + 1)
+    elif value is not None and kind is not bool:
         out.append(str(value))  # a number in a schema or an argument: the engine renders it
 
 
