@@ -11,22 +11,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-import msgspec
 import pytest
 
 from fleet_core.shared.asgi_server import SERVERS
 from fleet_core.shared.http_limits import HttpLimits
+from fleet_testing.raw_http import (
+    CLOSED_WITHIN_S,
+    Answer,
+    answer_of,
+    connect,
+    envelope,
+    rss_mb,
+    send_slowly,
+)
 
 from .conftest import GatewayFactory, StubFactory
 
 LIMITS = HttpLimits(head_timeout_s=1.0, body_timeout_s=1.0, keep_alive_s=1.0)
 """Tight time bounds so that each test waits a second, not the shipped ten."""
-CLOSED_WITHIN_S = 3.0
-"""The bound plus slack for a loaded machine (two cores shared by several test runs)."""
 CHAT = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
 
 
@@ -37,51 +41,6 @@ async def gw(request: Any, start_stub: StubFactory, start_gateway: GatewayFactor
     served = await start_gateway(config, server=request.param, limits=LIMITS)
     served.server = request.param
     return served
-
-
-class Answer(msgspec.Struct):
-    status: int | None
-    """None: the connection was closed without an answer."""
-    body: bytes
-
-
-async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    parts = urlsplit(url)
-    return await asyncio.open_connection(parts.hostname, parts.port)
-
-
-async def answer_of(reader: asyncio.StreamReader, within: float = CLOSED_WITHIN_S) -> Answer:
-    """Everything the server sends until it closes the connection (or ``within`` runs out)."""
-    data = b""
-    with contextlib.suppress(ConnectionError):
-        async with asyncio.timeout(within):
-            while chunk := await reader.read(65536):
-                data += chunk
-    if not data:
-        return Answer(None, b"")
-    head, _, body = data.partition(b"\r\n\r\n")
-    return Answer(int(head.split(b" ", 2)[1]), body)
-
-
-def envelope(answer: Answer, status: int) -> dict[str, Any]:
-    assert answer.status == status, answer
-    error: dict[str, Any] = msgspec.json.decode(answer.body)["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    return error
-
-
-async def send_slowly(writer: asyncio.StreamWriter, data: bytes, size: int) -> None:
-    """Write ``data`` in ``size`` pieces, stopping quietly when the server closes."""
-    with contextlib.suppress(ConnectionError):
-        for start in range(0, len(data), size):
-            writer.write(data[start : start + size])
-            await writer.drain()
-
-
-def rss_mb() -> float:
-    status = Path("/proc/self/status").read_text()
-    line = next(line for line in status.splitlines() if line.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
 
 
 async def test_a_huge_header_block_is_refused(gw: Any) -> None:
