@@ -21,20 +21,27 @@ from collections.abc import AsyncIterator
 
 from fleet_core.control_plane.app import ApiserverSettings, create_apiserver_app, open_resources
 from fleet_core.shared.asgi_server import Server, listening_socket, serve_socket
+from fleet_core.shared.http_limits import HttpLimits
 
 __all__ = ["control_plane_app", "serving"]
 
 
 @contextlib.asynccontextmanager
 async def serving(
-    app: object, *, server: Server = "hypercorn", grace_s: float = 1.0
+    app: object,
+    *,
+    server: Server = "hypercorn",
+    grace_s: float = 1.0,
+    limits: HttpLimits | None = None,
 ) -> AsyncIterator[str]:
     """Serve ``app`` on a free loopback port for the block; its base URL. On exit the server
     stops accepting and gives open requests ``grace_s`` to finish before cancelling them."""
     sock = listening_socket("127.0.0.1", 0)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     stop = asyncio.Event()
-    task = asyncio.create_task(serve_socket(app, sock, grace_s=grace_s, stop=stop, server=server))
+    task = asyncio.create_task(
+        serve_socket(app, sock, grace_s=grace_s, stop=stop, server=server, limits=limits)
+    )
     try:
         yield url
     finally:

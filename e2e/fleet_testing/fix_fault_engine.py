@@ -5,7 +5,8 @@ one writes the bytes itself, so it can refuse, reset, send a garbage status line
 ``Content-Length: abc``, cut a body short, stall before or after its headers or between frames,
 and send its usage frame late. Each POST plays the next queued `Script` (or the default one);
 ``GET /health`` always answers 200, so the gateway keeps the endpoint in rotation and every fault
-is met by a request, not by the health checker.
+is met by a request, not by the health checker. ``POST /tokenize`` answers 404 without taking a
+script (an engine that cannot count), so a gateway asking it leaves the scripts and ``hits`` be.
 
 A script is a sequence of steps: ``bytes`` are written, a ``float`` is a pause in seconds,
 `RESET` aborts the connection with a TCP reset, and the connection is closed when the script
@@ -137,8 +138,11 @@ class FaultEngine:
         assert task is not None
         self._tasks.add(task)
         try:
-            method, body = await _read_request(reader)
-            if method == "POST":
+            method, target, body = await _read_request(reader)
+            script: Script
+            if target == "/tokenize":
+                script = [answer(404, {"error": "no tokenizer here"})]
+            elif method == "POST":
                 self.bodies.append(msgspec.json.decode(body) if body else {})
                 script = self.scripts.popleft() if self.scripts else self.default
             else:
@@ -168,16 +172,16 @@ class FaultEngine:
                 await writer.drain()
 
 
-async def _read_request(reader: asyncio.StreamReader) -> tuple[str, bytes]:
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
-    method = lines[0].split(" ", 1)[0]
+    method, target, *_ = [*lines[0].split(" "), "", ""]
     length = 0
     for line in lines[1:]:
         name, _, value = line.partition(":")
         if name.strip().lower() == "content-length":
             length = int(value.strip())
-    return method, await reader.readexactly(length) if length else b""
+    return method, target, await reader.readexactly(length) if length else b""
 
 
 FaultEngineFactory = Callable[..., Awaitable[FaultEngine]]

@@ -28,6 +28,7 @@ from fleet_core.gateway.settings import (
     admission_from_env,
 )
 from fleet_core.shared.asgi_server import Server
+from fleet_core.shared.http_limits import HttpLimits
 from fleet_testing.asgi import control_plane_app, serving
 from fleet_testing.fix_auth import bearer
 from fleet_testing.fix_fault_engine import FaultEngine, FaultEngineFactory
@@ -92,14 +93,18 @@ def start_gateway(stack: contextlib.AsyncExitStack) -> GatewayFactory:
     on uvicorn (the default, as shipped) unless ``server`` says hypercorn."""
 
     async def start(
-        config: dict[str, Any], *, server: Server = "uvicorn", **settings: Any
+        config: dict[str, Any],
+        *,
+        server: Server = "uvicorn",
+        limits: HttpLimits | None = None,
+        **settings: Any,
     ) -> Served:
         parsed = msgspec.convert(config, GatewayConfig)
         validate(parsed)
         full = GatewaySettings(config=parsed, log=LogSettings(access=False), **settings)
         resources = await stack.enter_async_context(open_resources(full))
         app = create_gateway_app(full, resources)
-        url = await stack.enter_async_context(serving(app, server=server))
+        url = await stack.enter_async_context(serving(app, server=server, limits=limits))
         return Served(url, app, stack)
 
     return start

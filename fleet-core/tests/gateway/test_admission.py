@@ -163,9 +163,10 @@ async def test_project_partition_bites_inside_the_envelope(limited: Any) -> None
 
 
 async def test_the_token_limit_bites_before_the_request_limit(limited: Any) -> None:
-    gw = await limited(FLEET_RATE_TENANTS="acme|rpm=100,tpm=100")
-    assert (await chat(gw, ACME_A, max_tokens=90)).status_code == 200
-    refused = await chat(gw, ACME_A, max_tokens=90)
+    # 191 reserved (31 prompt, the upper estimate of the message, + 160); about 14 used
+    gw = await limited(FLEET_RATE_TENANTS="acme|rpm=100,tpm=200")
+    assert (await chat(gw, ACME_A, max_tokens=160)).status_code == 200
+    refused = await chat(gw, ACME_A, max_tokens=160)
     assert refused.status_code == 429
     assert "tpm" in refused.json()["error"]["message"]
 
@@ -182,14 +183,15 @@ async def test_settlement_refunds_what_was_not_used(limited: Any) -> None:
 async def test_a_client_that_leaves_is_settled_on_what_was_relayed(
     start_stub: StubFactory, start_gateway: GatewayFactory, store_env: dict[str, str]
 ) -> None:
-    # 83 reserved (3 prompt + 80); the full reply would use 63, leaving a level of 37, too
-    # little for the next 83. Leaving after two words uses about 5, and the next one fits.
+    # 111 reserved (31 prompt, the upper estimate of the message, + 80); the full reply would
+    # use 63 (the engine's count), leaving a level of 97, too little for the next 111. Leaving
+    # after two words uses about 41 (the gateway's upper estimate), and the next one fits.
     engine = await start_stub(model="m", token_delay_ms=50, reply=" ".join(["word"] * 60))
     admission = admission_from_env(
         {
             "FLEET_AUTH_REQUIRED": "true",
             "FLEET_API_KEYS": KEYS,
-            "FLEET_RATE_TENANTS": "acme|tpm=100",
+            "FLEET_RATE_TENANTS": "acme|tpm=160",
             **store_env,
         }
     )

@@ -206,8 +206,8 @@ def test_estimate_and_tokenizer_counting(tmp_path: Path) -> None:
     assert counter.count("hello world hello again") == 4
     estimate = load_counter(None)
     assert estimate.method == ESTIMATE
-    assert estimate.count("12345678") == 2
-    assert estimate.count("123456789") == 3
+    assert estimate.count("12345678") == 9  # an upper bound: one a byte, plus one
+    assert estimate.count("123456789") == 10
 
 
 async def test_a_pool_with_a_tokenizer_counts_with_it(
@@ -237,8 +237,8 @@ async def test_a_pool_with_a_tokenizer_counts_with_it(
             json={"model": "m", "messages": [{"role": "user", "content": "one two three cached"}]},
         )
     [record] = await records_of(gw.url)
-    assert record["gateway"] == {
-        "promptTokens": 4,
+    assert record["gateway"] == {  # "role", "user", "content" stand for the template's framing
+        "promptTokens": 7,
         "completionTokens": record["engine"]["completionTokens"],
         "method": "tokenizer:tokenizer.json",
     }

@@ -205,4 +205,4 @@ def test_the_estimate_is_conservative_for_non_latin_text() -> None:
     (the issue saw 50 counted for 600)."""
     assert estimate_tokens("漢" * 600) >= 600
     assert estimate_tokens("Привет, мир") >= 10
-    assert estimate_tokens("hello world!") == 3  # English keeps OpenAI's four characters
+    assert estimate_tokens("hello world!") >= 12  # an upper bound: one token per byte

@@ -46,7 +46,7 @@ async def test_chat_completion_through_an_alias(
     assert reply.usage.prompt_tokens == 3
     [record] = await records_of(gw.url)
     assert record["engine"]["promptTokens"] == 3
-    assert record["gateway"]["method"] == "estimate:ascii/4+other"
+    assert record["gateway"]["method"] == "estimate:utf8-bytes"
     assert record["gateway"]["completionTokens"] > 0
     assert record["endpoint"] == engine.url
 

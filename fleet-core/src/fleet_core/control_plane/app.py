@@ -42,7 +42,7 @@ from fleet_core.control_plane.registry.settings import RegistrySettings
 from fleet_core.control_plane.tenants.routes import tenants_routes
 from fleet_core.control_plane.usage.routes import usage_routes
 from fleet_core.shared import web
-from fleet_core.shared.errors import NotFound, Unavailable
+from fleet_core.shared.errors import NotFound, Unavailable, shown
 from fleet_core.shared.settings import LogSettings
 from fleet_core.shared.storage.db import open_pool
 
@@ -138,7 +138,7 @@ async def _database_required(request: Request) -> Response:
 
 
 async def _not_found(request: Request) -> Response:
-    raise NotFound(f"no route for {request.method} {request.url.path}")
+    raise NotFound(f"no route for {request.method} {shown(request.url.path)}")
 
 
 def _routes(resources: ApiserverResources, costs: CostSettings) -> list[BaseRoute]:

@@ -9,6 +9,8 @@ default because it costs the least CPU per request, and hypercorn, which the con
 and which ``fleet-gateway --server hypercorn`` keeps available. Both get the same socket (bound
 here, so a busy port is one line, not a traceback), the same drain on ``stop`` (stop accepting,
 let in-flight requests finish for up to ``grace_s``, then cancel them) and run the app's lifespan.
+Both bound what a client may send before the app sees it (`http_limits.HttpLimits`: the head's
+size, its fields, the time to send head and body), each in the place that server allows.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ import hypercorn.config
 import uvicorn
 
 from fleet_core.shared.errors import ConfigError
+from fleet_core.shared.http_limits import (
+    KEEP_ALIVE_DEFAULT_S,
+    GuardedApp,
+    HttpLimits,
+    uvicorn_protocol,
+)
 
 __all__ = [
     "SERVERS",
@@ -42,9 +50,7 @@ __all__ = [
 
 Server = Literal["uvicorn", "hypercorn"]
 SERVERS: tuple[Server, ...] = ("uvicorn", "hypercorn")
-KEEP_ALIVE_S = 75
-"""Idle keep-alive: longer than the 60 s idle timeout of common load balancers, so the balancer,
-not the server, closes an idle connection (no request lost on a connection closing under it)."""
+KEEP_ALIVE_S = KEEP_ALIVE_DEFAULT_S
 _BACKLOG = 1024
 YOUNG_GC_THRESHOLD = 7000
 """Allocations between two young-generation collections once serving (CPython's default: 700)."""
@@ -78,22 +84,31 @@ async def serve_app(
     stop: asyncio.Event,
     reuse_port: bool = False,
     server: Server = "hypercorn",
+    limits: HttpLimits | None = None,
 ) -> None:
     """Serve until ``stop`` is set, then stop accepting and drain for up to ``grace_s``.
     ``reuse_port``: bind with SO_REUSEPORT, so that several worker processes share the port.
-    ``server``: hypercorn unless the caller chooses (the gateway's ``--server``)."""
+    ``server``: hypercorn unless the caller chooses (the gateway's ``--server``).
+    ``limits``: what a request may send before the app sees it (the defaults unless given)."""
     sock = listening_socket(*parse_listen(listen), reuse_port=reuse_port)
-    await serve_socket(app, sock, grace_s=grace_s, stop=stop, server=server)
+    await serve_socket(app, sock, grace_s=grace_s, stop=stop, server=server, limits=limits)
 
 
 async def serve_socket(
-    app: object, sock: socket.socket, *, grace_s: float, stop: asyncio.Event, server: Server
+    app: object,
+    sock: socket.socket,
+    *,
+    grace_s: float,
+    stop: asyncio.Event,
+    server: Server,
+    limits: HttpLimits | None = None,
 ) -> None:
     """`serve_app` on a socket already listening (`listening_socket`), which the server closes."""
+    bounds = limits or HttpLimits()
     if server == "uvicorn":
-        await _serve_uvicorn(app, sock, grace_s=grace_s, stop=stop)
+        await _serve_uvicorn(app, sock, grace_s=grace_s, stop=stop, limits=bounds)
     else:
-        await _serve_hypercorn(app, sock, grace_s=grace_s, stop=stop)
+        await _serve_hypercorn(app, sock, grace_s=grace_s, stop=stop, limits=bounds)
 
 
 def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
@@ -114,23 +129,26 @@ def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socke
 
 
 async def _serve_hypercorn(
-    app: object, sock: socket.socket, *, grace_s: float, stop: asyncio.Event
+    app: object, sock: socket.socket, *, grace_s: float, stop: asyncio.Event, limits: HttpLimits
 ) -> None:
     config = hypercorn.config.Config()
+    config.h11_max_incomplete_size = limits.max_head_bytes  # h11 answers 431 past it
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns (and closes) the socket from here
     config.graceful_timeout = grace_s
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
-    config.keep_alive_timeout = KEEP_ALIVE_S
-    await hypercorn.asyncio.serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    # One timer covers an idle connection and an unfinished head: hypercorn has no separate one.
+    config.keep_alive_timeout = limits.keep_alive_s
+    guarded = GuardedApp(app, limits)  # type: ignore[arg-type]
+    await hypercorn.asyncio.serve(guarded, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
 
 async def _serve_uvicorn(
-    app: object, sock: socket.socket, *, grace_s: float, stop: asyncio.Event
+    app: object, sock: socket.socket, *, grace_s: float, stop: asyncio.Event, limits: HttpLimits
 ) -> None:
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
-        http="httptools",
+        http=uvicorn_protocol(limits),  # httptools, bounded
         ws="none",
         lifespan="on",
         interface="asgi3",
@@ -139,7 +157,7 @@ async def _serve_uvicorn(
         access_log=False,  # RequestContextMiddleware writes the access line, with the request id
         proxy_headers=False,  # as with hypercorn: the peer is the peer
         server_header=False,
-        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works
         timeout_graceful_shutdown=grace_s,  # type: ignore[arg-type]  # a float works (wait_for)
     )
     server = _Uvicorn(config)

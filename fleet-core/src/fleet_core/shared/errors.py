@@ -7,10 +7,12 @@
      ├── PermissionDenied    403
      ├── NotFound            404    incl. ModelNotFound
      ├── MethodNotAllowed    405
+     ├── RequestTimeout      408    the request's head or body took longer than its bound
      ├── Conflict            409
      ├── PayloadTooLarge     413
      ├── UnsupportedMediaType 415   a write whose body is not application/json
      ├── RateLimited         429    carries Retry-After
+     ├── HeadersTooLarge     431    too many header fields, or too many bytes of them
      ├── UpstreamError       502    no engine could answer; or wraps an engine's non-JSON error
      │                              (504 when an engine accepted the request and then timed out)
      └── Unavailable         503    a dependency (Redis, database) is down
@@ -33,6 +35,7 @@ __all__ = [
     "ErrorBody",
     "ErrorEnvelope",
     "FleetError",
+    "HeadersTooLarge",
     "InvalidRequest",
     "MethodNotAllowed",
     "ModelNotFound",
@@ -40,10 +43,12 @@ __all__ = [
     "PayloadTooLarge",
     "PermissionDenied",
     "RateLimited",
+    "RequestTimeout",
     "ReservationTooLarge",
     "Unavailable",
     "UnsupportedMediaType",
     "UpstreamError",
+    "shown",
 ]
 
 
@@ -138,6 +143,20 @@ class PayloadTooLarge(FleetError):
     default_code = "payload_too_large"
 
 
+class RequestTimeout(FleetError):
+    """Sent by the server's guard (`shared.http_limits`), which closes the connection after it."""
+
+    status = 408
+    type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
+class HeadersTooLarge(FleetError):
+    status = 431
+    type = "invalid_request_error"
+    default_code = "request_headers_too_large"
+
+
 class UnsupportedMediaType(FleetError):
     status = 415
     type = "invalid_request_error"
@@ -185,3 +204,15 @@ class Unavailable(FleetError):
     status = 503
     type = "service_unavailable"
     default_code = "unavailable"
+
+
+SHOWN_CHARS = 200
+"""The most characters of a client's own value (a model name, a path) an error message echoes."""
+
+
+def shown(value: str, most: int = SHOWN_CHARS) -> str:
+    """``value`` quoted for an error message, cut to ``most`` characters (its length said), so a
+    100 KB model name is not sent back, logged and stored whole."""
+    if len(value) <= most:
+        return repr(value)
+    return f"{value[:most]!r}… ({len(value)} characters)"

@@ -20,7 +20,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fleet_core.shared.errors import FleetError, InvalidRequest, MethodNotAllowed, NotFound
+from fleet_core.shared.errors import (
+    FleetError,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    shown,
+)
 from fleet_core.shared.logs import RequestContextMiddleware
 
 __all__ = [
@@ -87,9 +93,11 @@ async def _on_fleet_error(request: Request, exc: Exception) -> Response:
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        return render(MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}"))
+        return render(
+            MethodNotAllowed(f"{request.method} is not allowed on {shown(request.url.path)}")
+        )
     if exc.status_code == 404:
-        return render(NotFound(f"no route for {request.method} {request.url.path}"))
+        return render(NotFound(f"no route for {request.method} {shown(request.url.path)}"))
     return render(FleetError(str(exc.detail)))
 
 

@@ -44,8 +44,8 @@ class Agreement(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     prompt: CountAgreement
     completion: CountAgreement
     count_methods: list[str]
-    """How the gateway counted: ``tokenizer:…`` (the model's own) or ``estimate:ascii/4+other``
-    (older records: ``estimate:chars/4``)."""
+    """How the gateway counted: ``tokenizer:…`` (the model's own) or ``estimate:utf8-bytes``
+    (older records: ``estimate:ascii/4+other``, ``estimate:chars/4``)."""
     out_of_bounds: int = 0
     """Requests whose engine reported a usage figure out of bounds (negative, more completion
     than reserved, a prompt far past the gateway's count), billed at the bound instead."""

@@ -37,6 +37,7 @@ def create_app(settings: StubSettings) -> Starlette:
         Route("/health", routes.health, methods=["GET"]),
         Route("/metrics", routes.metrics, methods=["GET"]),
         Route("/stats", routes.stats, methods=["GET"]),
+        Route("/tokenize", routes.tokenize, methods=["POST"], middleware=keyed),
     ]
     if settings.profile == "llamacpp":  # vLLM has no /props
         served.append(Route("/props", routes.props, methods=["GET"]))

@@ -70,6 +70,19 @@ class Routes:
     async def props(self, _: Request) -> Response:
         return Response(self._props, media_type=_JSON)
 
+    async def tokenize(self, request: Request) -> Response:
+        """``POST /tokenize`` as vLLM (``prompt`` → ``count`` and ``tokens``) and llama-server
+        (``content`` → ``tokens``) serve it, counting as the stub does: one token a word."""
+        body = msgspec.json.decode(await request.body())
+        text = body.get("prompt", body.get("content", "")) if isinstance(body, dict) else ""
+        if not isinstance(text, str):
+            raise BadRequest("'prompt' must be a string")
+        tokens = list(range(len(text.split())))
+        answer = {"tokens": tokens}
+        if self.engine.settings.profile == "vllm":
+            answer["count"] = len(tokens)  # type: ignore[assignment]
+        return Response(ENCODER.encode(answer), media_type=_JSON)
+
     async def metrics(self, _: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 

@@ -51,6 +51,8 @@ costs at most two store calls (the token refunds and the budget entries' updates
 number of requests it settles, so a wider window means fewer calls per request; a refund then
 lands up to this much later, which can only err on the side of refusing, for a moment, against
 per-minute buckets."""
+SETTLED_WAIT_S = 0.05
+"""The most a refusal waits for this gateway's own settlements on their way (`_reserve`)."""
 PLAN_CACHE_SIZE = 10_000
 """Principals whose reservation steps are kept; beyond this the cache starts again."""
 DRAIN_S = 2.0
@@ -188,7 +190,15 @@ class Admission:
         if not charges and not holds:
             return charges, ()
         try:
+            landings = self._settlements.landings
             decision = await self._store.reserve(charges, holds)
+            if not decision.admitted and await self._settlements.landed(
+                since=landings, within_s=SETTLED_WAIT_S
+            ):
+                # Refunds still in their window (a large request that just finished) are what
+                # the buckets really hold: refused without them, Retry-After said 41 s for a
+                # request that passed 50 ms later. Once they land, the answer is the true one.
+                decision = await self._store.reserve(charges, holds)
         except StoreUnavailable as exc:
             self._store_failed(exc)
             return [], ()
@@ -316,7 +326,8 @@ def _too_large(plan: _Plan, tokens: int) -> ReservationTooLarge:
         if amount > bucket.capacity:
             return ReservationTooLarge(
                 f"this request reserves {amount} tokens but the {bucket.level} limit is "
-                f"tpm={bucket.capacity}; it can never be admitted: lower max_tokens",
+                f"tpm={bucket.capacity}; it can never be admitted: shorten the prompt (messages, "
+                "tools, schemas) or lower max_tokens",
                 param="max_tokens",
             )
     raise AssertionError("a plan refused tokens every bucket holds")

@@ -91,6 +91,7 @@ class Settlements:
         self._retrier: asyncio.Task[None] | None = None
         self._closing = False
         """Set by `drain`: no more retries in the background."""
+        self._landings = 0
 
     def correct(self, buckets: Sequence[Bucket], delta: int) -> None:
         """Add ``delta`` to each of ``buckets`` in the background.
@@ -199,6 +200,7 @@ class Settlements:
             self._metrics.store_error()
             log.warning("could not settle reservations (kept for a retry): %s", exc)
             return False
+        self._landings += 1
         return True
 
     def _keep(self, batch: _Batch) -> None:
@@ -234,6 +236,24 @@ class Settlements:
             if batch in self._unsettled:  # the cap may have dropped it meanwhile
                 self._unsettled.remove(batch)
         return not self._unsettled
+
+    @property
+    def landings(self) -> int:
+        """How many settlement batches have landed so far (for `landed`'s ``since``)."""
+        return self._landings
+
+    async def landed(self, *, since: int, within_s: float) -> bool:
+        """Whether a refund may have changed the buckets since `landings` read ``since``: one
+        landed since, or one was waiting, which this sends now and waits for (at most
+        ``within_s``). A refusal asks this before it answers: a refund still in its window, or
+        crossing the refused reservation on the wire, is what the bucket really holds."""
+        if not (self._pending or self._sending):
+            await asyncio.sleep(0)  # an exchange that just ended may settle in this iteration
+        if self._pending or self._sending:
+            under_way = {*self._tasks, self._track(asyncio.ensure_future(self._flush()))}
+            await asyncio.wait(under_way, timeout=within_s)
+            return True
+        return self._landings != since
 
     async def drain(self, *, within_s: float) -> None:
         """At shutdown, before the store's client closes: send every settlement still waiting

@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute, Route
 from yarl import URL
 
 from fleet_core.gateway.edge.routes import read_body
-from fleet_core.shared.errors import NotFound, UpstreamError
+from fleet_core.shared.errors import NotFound, UpstreamError, shown
 
 __all__ = ["FORWARDED_REQUEST", "FORWARDED_RESPONSE", "proxy_routes"]
 
@@ -52,8 +52,8 @@ class _Proxy:
     async def forward(self, request: Request) -> Response:
         if self.api_url is None:
             raise NotFound(
-                f"no route for {request.method} {request.url.path}: this gateway passes no calls "
-                "to a control plane (set FLEET_CONSOLE_API_URL to the control plane's URL)",
+                f"no route for {request.method} {shown(request.url.path)}: this gateway passes "
+                "no calls to a control plane (set FLEET_CONSOLE_API_URL to its URL)",
                 code="no_control_plane",
             )
         body = await read_body(request, self.max_body)

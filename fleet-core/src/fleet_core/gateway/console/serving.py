@@ -17,7 +17,7 @@ from starlette.responses import FileResponse, HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from fleet_core.gateway.console.settings import ConsoleSettings
-from fleet_core.shared.errors import NotFound
+from fleet_core.shared.errors import NotFound, shown
 from fleet_core.shared.web import Handler
 
 __all__ = ["CONTENT_TYPES", "PLACEHOLDER", "console_routes", "with_shell"]
@@ -67,7 +67,7 @@ class _Files:
         assets = (self.root / "assets").resolve()
         path = (assets / name).resolve()
         if not path.is_relative_to(assets) or not path.is_file():
-            raise NotFound(f"no asset {request.url.path}", code="asset_not_found")
+            raise NotFound(f"no asset {shown(request.url.path)}", code="asset_not_found")
         kind = CONTENT_TYPES.get(path.suffix, "application/octet-stream")
         headers = {"Cache-Control": IMMUTABLE, "X-Content-Type-Options": "nosniff"}
         return FileResponse(path, media_type=kind, headers=headers)

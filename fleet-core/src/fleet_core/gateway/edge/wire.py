@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from fleet_core.gateway.edge import prompting
 from fleet_core.shared.errors import InvalidRequest
 
 __all__ = [
@@ -112,9 +113,14 @@ class ParsedRequest(msgspec.Struct, frozen=True, gc=False):
     ``n``). The reservation's worst case multiplies by this."""
     choices: int
     """How many choices the answer carries (each ends with its own ``finish_reason``)."""
+    prompt: prompting.Prompt = ("", 0)
+    """Everything the engine may render into the prompt (`prompting.prompt_of`): the text the
+    reservation and the fallback bill count, and the tokens given as ids."""
 
     @classmethod
-    def of(cls, kind: Kind, body: dict[str, Any], typed: AnyRequest) -> ParsedRequest:
+    def of(
+        cls, kind: Kind, body: dict[str, Any], typed: AnyRequest, prompt: prompting.Prompt = ("", 0)
+    ) -> ParsedRequest:
         options = getattr(typed, "stream_options", None)
         if isinstance(typed, ChatRequest):
             max_tokens = typed.max_completion_tokens or typed.max_tokens
@@ -136,6 +142,7 @@ class ParsedRequest(msgspec.Struct, frozen=True, gc=False):
             max_tokens,
             sequences,
             choices,
+            prompt,
         )
 
 
@@ -146,6 +153,12 @@ def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
     except msgspec.DecodeError as exc:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+        ) from exc
+    except RecursionError as exc:  # msgspec's own bound, about a thousand levels
+        raise InvalidRequest(
+            "The request body nests arrays and objects more than "
+            f"{prompting.MAX_DEPTH} levels deep.",
+            code="invalid_json",
         ) from exc
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
@@ -163,7 +176,7 @@ def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
             f"Invalid request: {exc}", param=_param(str(exc)), code="invalid_type"
         ) from exc
     _check_values(typed)
-    return ParsedRequest.of(kind, body, typed)
+    return ParsedRequest.of(kind, body, typed, prompting.prompt_of(kind, body))
 
 
 def _param(message: str) -> str | None:
@@ -193,26 +206,9 @@ def _prompts(value: PromptValue) -> int:
 
 
 def prompt_text(request: ParsedRequest) -> tuple[str, int]:
-    """The text the gateway forwards for counting, plus tokens given directly as ids."""
-    typed = request.typed
-    if isinstance(typed, ChatRequest):
-        parts = []
-        for message in typed.messages:
-            if isinstance(message.content, str):
-                parts.append(message.content)
-            elif message.content:
-                parts.extend(p.text for p in message.content if p.text)
-        return "\n".join(parts), 0
-    value = typed.prompt if isinstance(typed, CompletionRequest) else typed.input
-    return _flatten(value)
-
-
-def _flatten(value: PromptValue) -> tuple[str, int]:
-    if isinstance(value, str):
-        return value, 0
-    texts = [v for v in value if isinstance(v, str)]
-    ids = sum(1 if isinstance(v, int) else len(v) for v in value if not isinstance(v, str))
-    return "\n".join(texts), ids
+    """The text the gateway counts as the prompt, plus tokens given directly as ids: every
+    prompt-bearing field, not only the messages' text (`prompting`)."""
+    return request.prompt
 
 
 class PromptDetails(msgspec.Struct, gc=False):

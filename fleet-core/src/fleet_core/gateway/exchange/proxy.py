@@ -105,6 +105,11 @@ class Proxy:
     def registry(self) -> EndpointRegistry:
         return self._registry
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The engines' HTTP client (``exchange.tokenize`` asks them to count on it too)."""
+        return self._session
+
     async def open(
         self,
         chain: list[Pool],

@@ -28,7 +28,7 @@ from fleet_core.gateway.admission.key_ring import ANONYMOUS, Principal
 from fleet_core.gateway.admission.service import Admission, Reservation
 from fleet_core.gateway.config import RoutingConfig
 from fleet_core.gateway.edge.wire import Kind, ParsedRequest, StreamChunk, prompt_text
-from fleet_core.gateway.exchange import lengths
+from fleet_core.gateway.exchange import lengths, tokenize
 from fleet_core.gateway.exchange.proxy import Opened, Proxy, engine_timeout
 from fleet_core.gateway.exchange.relay import Relay, StreamMeter
 from fleet_core.gateway.exchange.routing import affinity
@@ -36,7 +36,7 @@ from fleet_core.gateway.exchange.routing.endpoints import Ticket
 from fleet_core.gateway.exchange.routing.table import Pool, RoutingTable
 from fleet_core.gateway.exchange.tokenizers import RegistryTokenizers, registry_id
 from fleet_core.gateway.metering import bounds
-from fleet_core.gateway.metering.counting import Counter, load_counter
+from fleet_core.gateway.metering.counting import ESTIMATE, Counter, load_counter
 from fleet_core.gateway.metering.records import (
     EngineUsage,
     GatewayCount,
@@ -87,6 +87,8 @@ class Exchange:
     outcome: Outcome | None = None
     engine: EngineUsage | None = None
     generated: list[str] = field(default_factory=list)
+    recounted: int | None = None
+    """The engine's own count of the generated text, asked for when it sent no usage."""
 
     def note(self, status: int, outcome: Outcome) -> None:
         """How the exchange ended, as the code that saw it end knows it (first word wins)."""
@@ -325,6 +327,14 @@ class GatewayService:
                 await relay.usage_after_leaving(self._usage_grace_s)
         finally:
             opened.close(clean=clean)
+        usage = relay.meter.usage if relay else exchange.engine
+        if usage is None and exchange.counter.method == ESTIMATE:  # else nothing better to ask
+            text = "".join(relay.meter.text if relay else exchange.generated)
+            target, model = opened.lease.target, opened.pool.name
+            if text:
+                exchange.recounted = await tokenize.engine_count(
+                    self._proxy.session, target, model, text
+                )
 
     def _finish(self, exchange: Exchange) -> None:
         """Write the request's one usage record, settle its reservation, count it."""
@@ -374,11 +384,7 @@ class GatewayService:
             first_byte_at=exchange.first_byte_at,
             done_at=time.time(),
             engine=engine,
-            gateway=GatewayCount(
-                exchange.prompt_tokens,
-                exchange.counter.count("".join(generated)),
-                exchange.counter.method,
-            ),
+            gateway=_gateway_count(exchange, generated),
             tenant=principal.tenant,
             project=principal.project,
             key_id=principal.key_id,
@@ -429,6 +435,14 @@ class Admitted:
                 service._finish(exchange)
             finally:
                 service._leave()
+
+
+def _gateway_count(exchange: Exchange, generated: list[str]) -> GatewayCount:
+    """The gateway's count; the completion the engine's ``/tokenize`` counted when it could."""
+    if exchange.recounted is not None:
+        return GatewayCount(exchange.prompt_tokens, exchange.recounted, tokenize.METHOD)
+    completion = exchange.counter.count("".join(generated))
+    return GatewayCount(exchange.prompt_tokens, completion, exchange.counter.method)
 
 
 def _equal(tenant: str) -> int:

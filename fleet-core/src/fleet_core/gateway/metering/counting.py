@@ -2,11 +2,15 @@
 
 With a model's ``tokenizer.json`` the count is exact for the text (chat-template tokens excluded:
 the engine counts those too, so a chat prompt reads a few tokens lower here than the engine's).
-Without one, the documented estimate is one token per four ASCII characters, rounded up (OpenAI's
-own rule of thumb for English, good to about ±25%), plus one token for every other character. The
-four-characters rule is made for Latin text: Chinese, Japanese or Korean text runs at about one
-token per character or more, so counting it by four would bill a quarter of it. One token per
-non-ASCII character errs high for accented Latin text, never low for any script.
+Without one, the estimate is an upper bound for every tokenizer and every script (ADR 0022): one
+token per UTF-8 byte, plus one. A byte-level BPE tokenizer (GPT-2, Llama 3, Qwen) never makes a
+token of less than a byte, and a SentencePiece one with byte fallback (Llama 2, Mistral) at most
+adds its leading word marker, so no text counts higher than this. Rules of thumb such as four
+characters a token are averages over English prose: digits, punctuation, code, or any other
+script run well above them, and a client that reads everything and leaves before the engine's
+usage frame would be billed by the average for output that cost several times more. The
+estimate is what is reserved before the engine has spoken and what is billed only when the engine
+never said (and its ``/tokenize`` could not count it either: `exchange.engine_count`).
 """
 
 from __future__ import annotations
@@ -20,14 +24,16 @@ __all__ = ["ESTIMATE", "Counter", "counter_from_json", "estimate_tokens", "load_
 
 log = logging.getLogger("fleet.metering")
 
-ESTIMATE = "estimate:ascii/4+other"
+ESTIMATE = "estimate:utf8-bytes"
 
 
 def estimate_tokens(text: str) -> int:
+    """At least as many tokens as any tokenizer makes of ``text``: its UTF-8 bytes, plus one."""
+    if not text:
+        return 0
     if text.isascii():
-        return (len(text) + 3) // 4
-    ascii_chars = len(text.encode("ascii", "ignore"))
-    return (ascii_chars + 3) // 4 + len(text) - ascii_chars
+        return len(text) + 1
+    return len(text.encode("utf-8", "surrogatepass")) + 1
 
 
 @dataclass(frozen=True)

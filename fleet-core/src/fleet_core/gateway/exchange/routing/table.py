@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fleet_core.gateway.config import EngineKind, GatewayConfig, RoutingPolicy
-from fleet_core.shared.errors import InvalidRequest, ModelNotFound
+from fleet_core.shared.errors import InvalidRequest, ModelNotFound, shown
 
 __all__ = ["DiscoveredModel", "Pool", "RoutingTable", "Target", "build_table"]
 
@@ -62,7 +62,7 @@ class RoutingTable:
         name = self.names.get(model)
         if name is None:
             raise ModelNotFound(
-                f"The model {model!r} does not exist or is not served here; "
+                f"The model {shown(model)} does not exist or is not served here; "
                 "GET /v1/models lists the models this gateway serves.",
                 param="model",
             )
