@@ -119,7 +119,7 @@ async def test_an_anonymous_inventory_put_cannot_redirect_traffic(
         ("POST", "/api/v1/tenants", "text/plain"),
         ("POST", "/api/v1/keys", "application/x-www-form-urlencoded"),
         ("PUT", "/api/v1/inventory", "multipart/form-data; boundary=x"),
-        ("POST", "/api/v1/models/x/pull", None),
+        ("POST", "/api/v1/models/x/pull", "text/plain"),
     ],
 )
 async def test_a_write_that_is_not_json_is_415(
@@ -134,6 +134,26 @@ async def test_a_write_that_is_not_json_is_415(
         response = await http.request(method, path, content=body, headers=headers)
     assert envelope(response, 415)["code"] == "unsupported_media_type"
     assert (await admin.get("/api/v1/tenants")).json()["data"] == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("PUT", "/api/v1/cost-periods/2026-09", 400, "insufficient_coverage"),
+        ("POST", "/api/v1/models/x/pull", 404, "model_not_found"),
+        ("POST", "/api/v1/tenants", 400, "invalid_json"),
+    ],
+)
+async def test_a_write_without_a_body_needs_no_content_type(
+    admin: httpx.AsyncClient, method: str, path: str, status: int, code: str
+) -> None:
+    """``curl -X PUT $A/cost-periods/2026-09`` sends no body and no type: nothing for a cross-site
+    page to smuggle, so it is served (or refused for what it is), never 415."""
+    headers = {"Authorization": admin.headers["Authorization"]}
+    async with httpx.AsyncClient(base_url=admin.base_url) as http:
+        response = await http.request(method, path, headers=headers)
+    assert "content-type" not in response.request.headers
+    assert envelope(response, status)["code"] == code
 
 
 @pytest.mark.parametrize(

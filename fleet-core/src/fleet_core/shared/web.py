@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from fleet_core.shared import inputs
 from fleet_core.shared.errors import FleetError, InvalidRequest, MethodNotAllowed, NotFound
 from fleet_core.shared.logs import RequestContextMiddleware
 
@@ -57,10 +58,14 @@ def json_response(
 
 
 def decode(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
-    """``body`` decoded, or 400 whose ``param`` is the wire path msgspec blamed (``requestLimit``,
-    ``nodes[0].count``), so clients learn which field to fix without parsing the message."""
+    """``body`` decoded (bounded first by `inputs.check_json`), or 400 whose ``param`` is the wire
+    path msgspec blamed (``requestLimit``, ``nodes[0].count``), so clients learn which field to
+    fix without parsing the message."""
+    inputs.check_json(body)
     try:
         return decoder.decode(body)
+    except RecursionError as exc:  # check_json bounds the depth; this is the last line behind it
+        raise InvalidRequest("the body nests too deeply", code="too_deep") from exc
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"invalid request body: {exc}", param=_blamed(str(exc))) from exc
     except msgspec.DecodeError as exc:
