@@ -16,6 +16,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,6 +30,7 @@ from fleet_core.shared.errors import PermissionDenied, UnsupportedMediaType
 __all__ = [
     "Policy",
     "allow",
+    "audit_detail",
     "guard",
     "principal",
     "protect",
@@ -67,6 +69,11 @@ def allow(
     *roles: Role, action: str | None = None, audited: bool = True, media: str = "application/json"
 ) -> Policy:
     return Policy(frozenset(roles), action=action, audited=audited, media=media)
+
+
+def audit_detail(request: Request, detail: Mapping[str, Any]) -> None:
+    """What a write changed (the values it set, and those it replaced), for its audit event."""
+    request.state.audit_detail = detail
 
 
 def principal(request: Request) -> Principal:
@@ -158,6 +165,7 @@ async def _audit(
         target=request.url.path[:1000],
         status=status,
         request_id=getattr(request.state, "request_id", None),
+        detail=getattr(request.state, "audit_detail", None),
     )
     try:
         await auth.record(event)
