@@ -18,6 +18,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleet_core.shared import inputs
@@ -92,10 +93,21 @@ async def _on_fleet_error(request: Request, exc: Exception) -> Response:
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        return render(MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}"))
+        message = f"{request.method} is not allowed on {request.url.path}"
+        return render(MethodNotAllowed(message, headers={"Allow": _allowed(request)}))
     if exc.status_code == 404:
         return render(NotFound(f"no route for {request.method} {request.url.path}"))
     return render(FleetError(str(exc.detail)))
+
+
+def _allowed(request: Request) -> str:
+    """Every method the path is served for: a path's methods may be spread over several routes
+    (Starlette's own 405 names only the first route's)."""
+    methods: set[str] = set()
+    for route in getattr(request.app, "routes", ()):
+        if isinstance(route, Route) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))
 
 
 async def _on_crash(request: Request, exc: Exception) -> Response:
