@@ -296,3 +296,18 @@ async def start_fleet(
             return fleet
 
         yield start
+
+
+async def status_with(fleet: Fleet, key: str, **extra: Any) -> int:
+    async with httpx.AsyncClient() as http:
+        response = await http.post(
+            f"{fleet.gateway.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": MODEL, "messages": MSG, "max_tokens": 8, **extra},
+        )
+    return response.status_code
+
+
+async def key_served(fleet: Fleet, key: str) -> bool:
+    """Whether the gateway serves ``key`` now."""
+    return await status_with(fleet, key) == 200
