@@ -25,7 +25,7 @@ BATCH = len(EDGES)
 BATCHES = 40
 
 
-def _record(n: int, done: datetime) -> UsageRecord:
+def _record(n: int, done: datetime, *, counted: int = 11) -> UsageRecord:
     at = done.timestamp()
     return UsageRecord(
         request_id=f"r{n}",
@@ -40,15 +40,15 @@ def _record(n: int, done: datetime) -> UsageRecord:
         first_byte_at=None,
         done_at=at,
         engine=EngineUsage(10, 5, 0),
-        gateway=GatewayCount(11, 5, "estimate:chars/4"),
+        gateway=GatewayCount(counted, 5, "estimate:chars/4"),
         tenant="acme",
         project="chat",
     )
 
 
-async def _write(url: str) -> None:
+async def _write(url: str, batches: int = BATCHES) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        for b in range(BATCHES):
+        for b in range(batches):
             batch = [_record(b * BATCH + i, done) for i, done in enumerate(EDGES)]
             await ledger.insert_batch(conn, batch)
             await asyncio.sleep(0)
@@ -83,3 +83,28 @@ async def test_every_answer_holds_whole_batches_across_the_hour_and_minute_edges
         "2026-09-01T10:00:00Z": BATCHES,
         "2026-09-01T11:00:00Z": 2 * BATCHES,
     }
+
+
+async def test_the_agreements_counts_and_percentiles_are_of_the_same_rows(
+    postgres_url: str,
+) -> None:
+    """Its counts and its histogram are two statements: read at two moments while batches
+    landed, the p95 could be of more rows than the counts it was shown beside."""
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        await apply_migrations(conn)
+        exact = [_record(10_000 + i, HOUR, counted=10) for i in range(20)]  # no difference
+        await ledger.insert_batch(conn, exact)
+    window = (HOUR - timedelta(minutes=30), HOUR + timedelta(minutes=30))  # raw rows only
+    torn: list[tuple[int, float | None]] = []
+    async with AsyncConnectionPool(
+        postgres_url, min_size=2, max_size=2, open=False, kwargs={"autocommit": True}
+    ) as pool:
+        writer = asyncio.create_task(_write(postgres_url, batches=800))
+        while not writer.done():
+            [agreed] = await usage.agreement(pool, start=window[0], end=window[1])
+            off = agreed.compared - len(exact)  # rows 10% over, by the counts
+            histogram = [(0.0, len(exact)), *([(0.1, off)] if off else [])]
+            if agreed.prompt.p95_abs_relative_diff != usage.percentile_cont(histogram, 0.95):
+                torn.append((agreed.compared, agreed.prompt.p95_abs_relative_diff))
+        await writer
+    assert torn == []
