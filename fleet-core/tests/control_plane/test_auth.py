@@ -7,6 +7,7 @@ past bigint answered 500); here each is refused with the right status and an env
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -119,7 +120,7 @@ async def test_an_anonymous_inventory_put_cannot_redirect_traffic(
         ("POST", "/api/v1/tenants", "text/plain"),
         ("POST", "/api/v1/keys", "application/x-www-form-urlencoded"),
         ("PUT", "/api/v1/inventory", "multipart/form-data; boundary=x"),
-        ("POST", "/api/v1/models/x/pull", None),
+        ("POST", "/api/v1/models/x/pull", "text/plain"),
     ],
 )
 async def test_a_write_that_is_not_json_is_415(
@@ -134,6 +135,26 @@ async def test_a_write_that_is_not_json_is_415(
         response = await http.request(method, path, content=body, headers=headers)
     assert envelope(response, 415)["code"] == "unsupported_media_type"
     assert (await admin.get("/api/v1/tenants")).json()["data"] == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("PUT", "/api/v1/cost-periods/2026-09", 400, "insufficient_coverage"),
+        ("POST", "/api/v1/models/x/pull", 404, "model_not_found"),
+        ("POST", "/api/v1/tenants", 400, "invalid_json"),
+    ],
+)
+async def test_a_write_without_a_body_needs_no_content_type(
+    admin: httpx.AsyncClient, method: str, path: str, status: int, code: str
+) -> None:
+    """``curl -X PUT $A/cost-periods/2026-09`` sends no body and no type: nothing for a cross-site
+    page to smuggle, so it is served (or refused for what it is), never 415."""
+    headers = {"Authorization": admin.headers["Authorization"]}
+    async with httpx.AsyncClient(base_url=admin.base_url) as http:
+        response = await http.request(method, path, headers=headers)
+    assert "content-type" not in response.request.headers
+    assert envelope(response, status)["code"] == code
 
 
 @pytest.mark.parametrize(
@@ -192,6 +213,46 @@ async def test_credentials_are_shown_once_stored_hashed_and_revoked(
         )
         assert (await admin.delete(f"/api/v1/credentials/{issued['id']}")).status_code == 200
         envelope(await finance.get("/api/v1/whoami"), 401)
+
+
+async def test_the_last_admin_credential_cannot_be_revoked(admin: httpx.AsyncClient) -> None:
+    """Revoking it would leave nobody able to issue or revoke credentials: 409, until another
+    admin credential exists. Two admins revoking each other at once leave one of them."""
+    refused = await admin.delete("/api/v1/credentials/cred_bootstrap_admin")
+    assert envelope(refused, 409)["code"] == "last_admin"
+    assert (await admin.get("/api/v1/whoami")).status_code == 200
+    second = await admin.post("/api/v1/credentials", json={"role": "admin", "label": "two"})
+    other = second.json()
+    async with as_(admin, other["secret"]) as two:
+        both = await asyncio.gather(
+            admin.delete(f"/api/v1/credentials/{other['id']}"),
+            two.delete("/api/v1/credentials/cred_bootstrap_admin"),
+        )
+        # the second waits for the first, then is refused: 409, or 401 when its own was revoked
+        assert sorted(r.status_code for r in both)[0] == 200
+        assert sorted(r.status_code for r in both)[1] in (401, 409)
+        alive = [c for c in (admin, two) if (await c.get("/api/v1/whoami")).status_code == 200]
+        assert len(alive) == 1
+        listed = (await alive[0].get("/api/v1/credentials")).json()["data"]
+        assert [c["revokedAt"] for c in listed if c["role"] == "admin"].count(None) == 1
+
+
+async def test_rate_changes_are_audited_with_what_they_set_and_replaced(
+    admin: httpx.AsyncClient,
+) -> None:
+    rate = {"cluster": "c", "gpuHourMicro": 7, "currency": "USD"}
+    assert (await admin.post("/api/v1/cost-rates", json=rate)).status_code == 201
+    first = {"inputFresh": 1000, "inputCached": 100, "output": 4000}
+    assert (await admin.put("/api/v1/model-rates/m", json=first)).status_code == 201
+    second = {**first, "output": 5000}
+    assert (await admin.put("/api/v1/model-rates/m", json=second)).status_code == 200
+    events = (await admin.get("/api/v1/audit-events")).json()["data"]
+    replaced, created, cost = (e["detail"] for e in events[:3])
+    assert cost["after"]["gpuHourMicro"] == 7
+    assert cost["after"]["cluster"] == "c"
+    assert created["before"] is None
+    assert created["after"]["output"] == 4000
+    assert (replaced["before"]["output"], replaced["after"]["output"]) == (4000, 5000)
 
 
 @pytest.mark.parametrize(
@@ -253,12 +314,19 @@ async def test_the_bootstrap_token_is_kept_rotated_and_its_revocation_sticks(
         assert (await http.get("/api/v1/whoami")).json()["id"] == "cred_bootstrap_admin"
     rotated = "rotated-" + admin_token
     url = await start_apiserver(database_url=postgres_url, admin_token=rotated)
-    async with httpx.AsyncClient(base_url=url) as http:
+    async with httpx.AsyncClient(base_url=url, headers=bearer(rotated)) as http:
         envelope(await http.get("/api/v1/whoami", headers=bearer(admin_token)), 401)
-        ok = await http.delete("/api/v1/credentials/cred_bootstrap_admin", headers=bearer(rotated))
+        last = await http.delete("/api/v1/credentials/cred_bootstrap_admin")
+        assert envelope(last, 409)["code"] == "last_admin"  # nobody could administer after it
+        other = await http.post("/api/v1/credentials", json={"role": "admin", "label": "next"})
+        ok = await http.delete("/api/v1/credentials/cred_bootstrap_admin")
         assert ok.status_code == 200
-    with pytest.raises(ConfigError, match="no admin credential"):
-        await start_apiserver(database_url=postgres_url, admin_token=rotated)
+    url = await start_apiserver(database_url=postgres_url, admin_token=rotated)
+    async with httpx.AsyncClient(base_url=url) as http:
+        envelope(await http.get("/api/v1/whoami", headers=bearer(rotated)), 401)  # it sticks
+        assert (await http.get("/api/v1/whoami", headers=bearer(other.json()["secret"]))).json()[
+            "role"
+        ] == "admin"
 
 
 def test_the_cli_refuses_to_start_without_an_admin_token_in_one_line() -> None:

@@ -57,6 +57,7 @@ def build_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
     operations = {key: OPERATIONS[key] for key in served(routes)}
     types = _types(operations.values())
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
+    _no_nul(components)
     schema_of = dict(zip(types, schemas, strict=True))
     paths: dict[str, dict[str, Any]] = {}
     for (method, path), operation in operations.items():
@@ -71,6 +72,21 @@ def build_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
     }
+
+
+def _no_nul(schema: Any) -> None:
+    """Every free-text string in the wire types says it holds no NUL (refused with 400 before
+    any handler: Postgres cannot store one); patterns, formats and enums say more already."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "string" and not {"pattern", "format", "enum", "const"} & set(
+            schema
+        ):
+            schema["pattern"] = _TEXT["pattern"]
+        for value in schema.values():
+            _no_nul(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _no_nul(value)
 
 
 def _types(operations: Iterable[Operation]) -> list[Any]:
@@ -88,6 +104,8 @@ def _operation(
     errors = {*operation.errors, *((415,) if method in _WRITES else ())}
     if path != OPENAPI_PATH:
         errors |= {401, 403}
+    if "{" in path or operation.query or operation.paged or operation.body is not None:
+        errors.add(400)  # a NUL, a malformed value, or a value out of range (shared.inputs)
     doc: dict[str, Any] = {
         "operationId": _operation_id(method, path),
         "summary": operation.summary,
@@ -134,22 +152,52 @@ def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 def _parameters(path: str, query: tuple[str, ...], *, paged: bool) -> list[dict[str, Any]]:
     names = re.findall(r"\{(\w+)\}", path)
-    params = [
-        {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names
-    ]
-    params += [
-        _QUERY.get(q) or {"name": q, "in": "query", "schema": {"type": "string"}} for q in query
-    ]
+    params = [{"name": n, "in": "path", "required": True, "schema": _TEXT} for n in names]
+    params += [_QUERY.get(q) or {"name": q, "in": "query", "schema": _TEXT} for q in query]
     return params + (_PAGE_PARAMETERS if paged else [])
 
 
+_TEXT: dict[str, Any] = {"type": "string", "pattern": "^[^\\x00]*$"}
+"""Any text but NUL, which Postgres cannot store (the guard refuses it with 400)."""
+_INSTANT = {
+    "type": "string",
+    "format": "date-time",
+    "description": "ISO-8601 with a time zone, from 1970 to 8999 (2026-09-01T00:00:00Z)",
+}
+
+
+def _query(name: str, schema: dict[str, Any], description: str = "") -> dict[str, Any]:
+    found = {"name": name, "in": "query", "schema": schema}
+    return {**found, "description": description} if description else found
+
+
 _QUERY: dict[str, dict[str, Any]] = {
-    "q": {
-        "name": "q",
-        "in": "query",
-        "description": "A case-insensitive substring of the id or the name (the console's pickers)",
-        "schema": {"type": "string", "maxLength": paging.MAX_SEARCH},
-    },
+    "q": _query(
+        "q",
+        {"type": "string", "maxLength": paging.MAX_SEARCH, "pattern": "^[^\\x00-\\x1f]*$"},
+        "A case-insensitive substring of the id or the name (the console's pickers)",
+    ),
+    "from": _query("from", _INSTANT, "The window's start (default: 24 hours before to)"),
+    "to": _query("to", _INSTANT, "The window's end, after from (default: now)"),
+    "at": _query("at", _INSTANT, "When the cluster left (a past instant; default: now)"),
+    "groupBy": _query("groupBy", {"enum": ["hour", "day", "model", "project"]}),
+    "engine": {**_query("engine", {"enum": ["llamacpp", "vllm"]}), "required": True},
+    "format": _query("format", {"enum": ["csv", "json"]}),
+    "before": _query(
+        "before",
+        {"type": "integer", "minimum": 1, "maximum": 2**53 - 1},
+        "Events older than this id",
+    ),
+    "minCoverage": _query(
+        "minCoverage",
+        {"type": "string", "pattern": "^([01](\\.[0-9]{1,9})?|\\.[0-9]{1,9})$"},
+        "The coverage this close needs, a share from 0 to 1 (default: the configured one)",
+    ),
+    "projectId": _query(
+        "projectId",
+        {"type": "string", "pattern": "^[^/\\x00]+/[^\\x00]+$"},
+        "tenant/name",
+    ),
 }
 
 _PAGE_PARAMETERS: list[dict[str, Any]] = [
@@ -162,8 +210,9 @@ _PAGE_PARAMETERS: list[dict[str, Any]] = [
     {
         "name": "after",
         "in": "query",
-        "description": "The previous page's next cursor",
-        "schema": {"type": "string"},
+        "description": "The previous page's next cursor, as it was given (opaque: any other "
+        "value is 400)",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]*$", "maxLength": 1024},
     },
 ]
 

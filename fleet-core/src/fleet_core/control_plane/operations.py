@@ -106,7 +106,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         paged=True,
     ),
     ("DELETE", "/api/v1/credentials/{credential_id}"): Operation(
-        "Revoke a service credential", response=auth.Credential, errors=(404,)
+        "Revoke a service credential; 409 for the last active admin credential",
+        response=auth.Credential,
+        errors=(404, 409),
     ),
     ("GET", "/api/v1/audit-events"): Operation(
         "Who changed what, newest first",

@@ -86,7 +86,7 @@ def search(query: QueryParams) -> str | None:
 
 
 def _limit(raw: str | None, most: int) -> int:
-    if raw is None or raw == "":
+    if raw is None:  # an empty ``limit=`` is no integer: 400, as the document says
         return min(DEFAULT_LIMIT, most)
     if not raw.isascii() or not raw.isdigit() or len(raw) > 6 or not 0 < int(raw) <= most:
         raise InvalidRequest(f"limit must be an integer from 1 to {most}", param="limit")

@@ -18,8 +18,10 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from fleet_core.shared import inputs
 from fleet_core.shared.errors import (
     FleetError,
     InvalidRequest,
@@ -63,10 +65,14 @@ def json_response(
 
 
 def decode(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
-    """``body`` decoded, or 400 whose ``param`` is the wire path msgspec blamed (``requestLimit``,
-    ``nodes[0].count``), so clients learn which field to fix without parsing the message."""
+    """``body`` decoded (bounded first by `inputs.check_json`), or 400 whose ``param`` is the wire
+    path msgspec blamed (``requestLimit``, ``nodes[0].count``), so clients learn which field to
+    fix without parsing the message."""
+    inputs.check_json(body)
     try:
         return decoder.decode(body)
+    except RecursionError as exc:  # check_json bounds the depth; this is the last line behind it
+        raise InvalidRequest("the body nests too deeply", code="too_deep") from exc
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"invalid request body: {exc}", param=_blamed(str(exc))) from exc
     except msgspec.DecodeError as exc:
@@ -93,12 +99,21 @@ async def _on_fleet_error(request: Request, exc: Exception) -> Response:
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        return render(
-            MethodNotAllowed(f"{request.method} is not allowed on {shown(request.url.path)}")
-        )
+        message = f"{request.method} is not allowed on {shown(request.url.path)}"
+        return render(MethodNotAllowed(message, headers={"Allow": _allowed(request)}))
     if exc.status_code == 404:
         return render(NotFound(f"no route for {request.method} {shown(request.url.path)}"))
     return render(FleetError(str(exc.detail)))
+
+
+def _allowed(request: Request) -> str:
+    """Every method the path is served for: a path's methods may be spread over several routes
+    (Starlette's own 405 names only the first route's)."""
+    methods: set[str] = set()
+    for route in getattr(request.app, "routes", ()):
+        if isinstance(route, Route) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))
 
 
 async def _on_crash(request: Request, exc: Exception) -> Response:

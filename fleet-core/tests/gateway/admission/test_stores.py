@@ -30,6 +30,7 @@ from fleet_core.gateway.admission.memory_store import MemoryStore
 from fleet_core.gateway.admission.store import (
     SETTLED_TTL_S,
     RedisStore,
+    epoch_key,
     open_redis_store,
     script_source,
     settled_key,
@@ -330,7 +331,11 @@ async def test_redis_scripts_touch_only_the_keys_they_are_given(
     assert not await take(own_store, (tpm, 6000), (rpm, 61))
     marker = settled_key(tpm.key, "b1")  # the batch's applied-once marker, in the same slot
     assert key_slot(marker.encode()) == key_slot(tpm.key.encode())
-    assert set(await own_client.keys("*")) == {tpm.key.encode(), rpm.key.encode(), marker.encode()}
+    epoch = epoch_key(tpm.key)  # the tag's state epoch (ADR 0023), in the same slot too
+    assert key_slot(epoch.encode()) == key_slot(tpm.key.encode())
+    assert await own_client.ttl(epoch) == -1  # never expires: its absence means a loss
+    keys = {tpm.key.encode(), rpm.key.encode(), marker.encode(), epoch.encode()}
+    assert set(await own_client.keys("*")) == keys
     assert SETTLED_TTL_S - 5 < await own_client.ttl(marker) <= SETTLED_TTL_S
 
 
@@ -359,8 +364,10 @@ async def test_redis_down_fails_fast_and_the_store_recovers_when_it_is_back(
     own_redis.stop()
     await _fails_fast(own_store.reserve(charges))
     await _fails_fast(own_store.settle(charges))
-    own_redis.start()  # the same port, an empty server
-    assert (await own_store.reserve(charges)).admitted
+    own_redis.start()  # the same port, an empty server: answered at once
+    refused = await own_store.reserve(charges)  # the state was lost: the bucket refills anew
+    assert not refused.admitted
+    assert refused.retry_after <= 1.0  # 60 a minute: one a second from the restart
 
 
 async def test_redis_not_answering_fails_after_the_timeout(

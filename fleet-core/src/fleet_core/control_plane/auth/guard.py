@@ -2,10 +2,12 @@
 
 ``protect`` wraps each route's endpoint when the app is built; a route the table does not name
 stops the app from being built at all. A guarded call is, in order: authenticated (401), its role
-checked against the route's policy (403), a write's ``Content-Type`` checked (415: a browser's
-cross-site form or ``text/plain`` fetch cannot be one), then served; a write that succeeded is
-written to the audit trail with the caller's credential id. Handlers that read per-tenant data
-narrow it with ``tenant_scope``; the inventory PUT checks its cluster with ``require_cluster``.
+checked against the route's policy (403), its path and query checked for NUL and a write's
+body for its ``Content-Type`` (415: a browser's cross-site form or ``text/plain`` fetch cannot be
+one; a write without a body needs none), depth and NUL (400, ``shared.inputs``), then served; a
+write that succeeded is written to the audit trail with the caller's credential id. Handlers
+that read per-tenant data narrow it with ``tenant_scope``; the inventory PUT checks its cluster
+with ``require_cluster``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,11 +24,13 @@ from starlette.routing import BaseRoute, Route
 
 from fleet_core.control_plane.auth.service import AuthService, NewEvent
 from fleet_core.control_plane.auth.wire import Principal, Role
+from fleet_core.shared import inputs
 from fleet_core.shared.errors import PermissionDenied, UnsupportedMediaType
 
 __all__ = [
     "Policy",
     "allow",
+    "audit_detail",
     "guard",
     "principal",
     "protect",
@@ -64,6 +69,11 @@ def allow(
     *roles: Role, action: str | None = None, audited: bool = True, media: str = "application/json"
 ) -> Policy:
     return Policy(frozenset(roles), action=action, audited=audited, media=media)
+
+
+def audit_detail(request: Request, detail: Mapping[str, Any]) -> None:
+    """What a write changed (the values it set, and those it replaced), for its audit event."""
+    request.state.audit_detail = detail
 
 
 def principal(request: Request) -> Principal:
@@ -105,8 +115,10 @@ def guard(route: Route, policy: Policy, auth: AuthService) -> Route:
                     code="insufficient_role",
                 )
             request.state.principal = who
+        inputs.check_text(request.path_params.items())
+        inputs.check_text(request.query_params.multi_items())
         if request.method in WRITES:
-            _require_media(request, policy.media)
+            await _require_body(request, policy.media)
         response = await endpoint(request)
         if who is not None and request.method in WRITES and policy.audited:
             await _audit(auth, request, who, policy, response.status_code)
@@ -115,9 +127,25 @@ def guard(route: Route, policy: Policy, auth: AuthService) -> Route:
     return Route(route.path, guarded, methods=route.methods, name=route.name)
 
 
+async def _require_body(request: Request, wanted: str) -> None:
+    """A write with a body says what it is; a JSON one is shallow and free of NUL (checked
+    here, once for every route, before a handler or decoder sees it). A write without a body
+    (``PUT /cost-periods/2026-09``, a DELETE) needs no content type: there is nothing a
+    cross-site form could smuggle in it."""
+    if request.method == "DELETE":
+        return  # no handler reads a DELETE's body
+    if wanted != "application/json":
+        _require_media(request, wanted)  # a raw upload is streamed by its handler, not read here
+        return
+    body = await request.body()
+    if body:
+        _require_media(request, wanted)
+        inputs.check_json(body)
+
+
 def _require_media(request: Request, wanted: str) -> None:
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if request.method != "DELETE" and media != wanted:
+    if media != wanted:
         raise UnsupportedMediaType(
             f"{request.method} needs Content-Type: {wanted} (got {media[:80] or 'none'})",
             param="Content-Type",
@@ -137,6 +165,7 @@ async def _audit(
         target=request.url.path[:1000],
         status=status,
         request_id=getattr(request.state, "request_id", None),
+        detail=getattr(request.state, "audit_detail", None),
     )
     try:
         await auth.record(event)

@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from fleet_core.control_plane.auth.store import (
     AuthStore,
+    LastAdmin,
     MemoryAuthStore,
     NewCredential,
     NewEvent,
@@ -28,7 +29,13 @@ from fleet_core.control_plane.auth.wire import (
     Principal,
 )
 from fleet_core.shared import credentials, paging
-from fleet_core.shared.errors import AuthenticationError, ConfigError, InvalidRequest, NotFound
+from fleet_core.shared.errors import (
+    AuthenticationError,
+    ConfigError,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+)
 
 __all__ = ["AuthService", "NewEvent"]
 
@@ -101,7 +108,15 @@ class AuthService:
         return paging.listing(rows, page, lambda c: (c.created_at, c.id))
 
     async def revoke(self, credential_id: str) -> Credential:
-        revoked = await self.store.revoke(credential_id) if len(credential_id) <= 64 else None
+        """409 for the last active admin credential: issue another admin credential first."""
+        try:
+            revoked = await self.store.revoke(credential_id) if len(credential_id) <= 64 else None
+        except LastAdmin as exc:
+            raise Conflict(
+                f"{credential_id!r} is the last active admin credential: issue another admin "
+                "credential (POST /api/v1/credentials) before revoking this one",
+                code="last_admin",
+            ) from exc
         if revoked is None:
             raise NotFound(f"no credential {credential_id[:64]!r}")
         return revoked

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 from psycopg_pool import AsyncConnectionPool
@@ -22,6 +22,7 @@ from fleet_core.shared.storage.rows import utc_row
 __all__ = [
     "BOOTSTRAP_ID",
     "AuthStore",
+    "LastAdmin",
     "MemoryAuthStore",
     "NewCredential",
     "NewEvent",
@@ -31,8 +32,15 @@ __all__ = [
 BOOTSTRAP_ID = "cred_bootstrap_admin"
 """The id of the admin credential FLEET_ADMIN_TOKEN provides."""
 
+
+class LastAdmin(Exception):
+    """Revoking this credential would leave no active admin credential: nobody could issue or
+    revoke credentials again, short of a restart with a new FLEET_ADMIN_TOKEN."""
+
+
 _CREDENTIAL = "id, role, cluster_id, label, prefix, created_by, created_at, revoked_at"
-_EVENT = "id, at, actor, actor_role, action, method, target, status, request_id"
+_EVENT = "id, at, actor, actor_role, action, method, target, status, request_id, detail"
+_DETAIL = msgspec.json.Decoder(dict[str, Any])
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,8 @@ class NewEvent:
     target: str
     status: int
     request_id: str | None
+    detail: Any = None
+    """What the change set (and replaced), as the handler gave it; encodable as JSON."""
 
 
 class AuthStore(Protocol):
@@ -107,6 +117,11 @@ class MemoryAuthStore:
         if credential_id not in self._rows:
             return None
         row, digest = self._rows[credential_id]
+        admins = [
+            r.id for r, _ in self._rows.values() if r.role == "admin" and r.revoked_at is None
+        ]
+        if admins == [credential_id]:
+            raise LastAdmin(credential_id)
         if row.revoked_at is None:
             row = msgspec.structs.replace(row, revoked_at=datetime.now(UTC))
             self._rows[credential_id] = (row, digest)
@@ -133,7 +148,13 @@ class MemoryAuthStore:
         return None  # API keys live in the database only
 
     async def record(self, event: NewEvent) -> None:
-        fields = {**event.__dict__, "id": next(self._ids), "at": datetime.now(UTC)}
+        detail = None if event.detail is None else _DETAIL.decode(msgspec.json.encode(event.detail))
+        fields = {
+            **event.__dict__,
+            "detail": detail,
+            "id": next(self._ids),
+            "at": datetime.now(UTC),
+        }
         self._events.append(AuditEvent(**fields))
 
     async def events(self, *, limit: int, before: int | None) -> list[AuditEvent]:
@@ -170,9 +191,18 @@ class PostgresAuthStore:
             return await cursor.fetchall()
 
     async def revoke(self, credential_id: str) -> Credential | None:
-        """Revoked now, or when it first was: revoking twice keeps the first time."""
-        async with self._pool.connection() as conn:
+        """Revoked now, or when it first was: revoking twice keeps the first time. LastAdmin
+        for the only active admin credential: the active admins' rows are locked first, so two
+        admins revoking each other at once cannot both succeed (the second sees the first's
+        revocation once it commits, and is refused)."""
+        async with self._pool.connection() as conn, conn.transaction():
             cursor = conn.cursor(row_factory=utc_row(Credential))
+            admins = await conn.execute(
+                "SELECT id FROM service_credentials WHERE role = 'admin' AND revoked_at IS NULL"
+                " ORDER BY id FOR UPDATE"
+            )
+            if [row[0] for row in await admins.fetchall()] == [credential_id]:
+                raise LastAdmin(credential_id)
             await cursor.execute(
                 "UPDATE service_credentials SET revoked_at = coalesce(revoked_at, now())"
                 f" WHERE id = %s RETURNING {_CREDENTIAL}",
@@ -228,9 +258,10 @@ class PostgresAuthStore:
         async with self._pool.connection() as conn:
             await conn.execute(
                 "INSERT INTO audit_events (actor, actor_role, action, method, target, status,"
-                " request_id) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                " request_id, detail) VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb)",
                 (event.actor, event.actor_role, event.action, event.method, event.target,
-                 event.status, event.request_id),
+                 event.status, event.request_id,
+                 None if event.detail is None else msgspec.json.encode(event.detail).decode()),
             )  # fmt: skip
 
     async def events(self, *, limit: int, before: int | None) -> list[AuditEvent]:

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -82,3 +82,6 @@ class AuditEvent(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """The request path: what was acted on."""
     status: int
     request_id: str | None
+    detail: dict[str, Any] | None = None
+    """What the change set and, where it replaced something, what was there before
+    (``{"before": …, "after": …}``); null for events that record none."""

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from fleet_core.control_plane.auth import guard
 from fleet_core.control_plane.costs.csv_export import render_csv
 from fleet_core.control_plane.costs.service import CostService, CostSettings
 from fleet_core.control_plane.costs.wire import CostReport, RateCreate
@@ -25,7 +26,9 @@ class _Costs:
 
     async def create_rate(self, request: Request) -> Response:
         new = web.decode(_CREATE, await request.body())
-        return web.json_response(await self.service.create_rate(new), 201)
+        created = await self.service.create_rate(new)
+        guard.audit_detail(request, {"after": created})
+        return web.json_response(created, 201)
 
     async def list_rates(self, request: Request) -> Response:
         page = paging.page(request.query_params, ["text", "start"])

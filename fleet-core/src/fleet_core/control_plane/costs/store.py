@@ -56,6 +56,8 @@ def _us(ts: str) -> str:
 # what its last sample vouches for: coverage is observed time over the part of the month the
 # cluster existed ('existed'). Clusters are those with samples near the month, those reporting
 # now and those decommissioned; their first and last samples come from the primary key's index.
+# GPU-time is summed as numeric: the largest count a report may carry (2^31 - 1 GPUs) over a
+# 31-day month is 5.8e21 GPU-µs, past bigint; Python carries the figure on exactly.
 _OBSERVED = f"""
 WITH s AS (
     SELECT cluster_id, observed_at AS t, gpus,
@@ -94,15 +96,16 @@ WITH s AS (
 )
 SELECT 'rate' AS kind, o.cluster_id, r.gpu_hour_micro, r.currency,
        nullif(r.effective_from, '-infinity') AS effective_from,
-       sum(o.gpus * (least(o.b, r.rb) - greatest(o.a, r.ra)))::bigint AS gpu_us
+       sum(o.gpus::numeric * (least(o.b, r.rb) - greatest(o.a, r.ra))) AS gpu_us
 FROM obs o LEFT JOIN r ON r.cluster_id = o.cluster_id AND r.ra < o.b AND r.rb > o.a
 GROUP BY 1, 2, 3, 4, 5
 UNION ALL
-SELECT 'seconds', cluster_id, NULL, NULL, NULL, sum(b - a)::bigint FROM obs GROUP BY 2
+SELECT 'seconds', cluster_id, NULL, NULL, NULL, sum(b - a)::numeric FROM obs GROUP BY 2
 UNION ALL
-SELECT 'gpu', cluster_id, NULL, NULL, NULL, sum(gpus * (b - a))::bigint FROM obs GROUP BY 2
+SELECT 'gpu', cluster_id, NULL, NULL, NULL, sum(gpus::numeric * (b - a)) FROM obs GROUP BY 2
 UNION ALL
-SELECT 'existed', cluster_id, NULL, NULL, NULL, {_us("b")} - {_us("a")} FROM life WHERE b > a
+SELECT 'existed', cluster_id, NULL, NULL, NULL, ({_us("b")} - {_us("a")})::numeric
+FROM life WHERE b > a
 """
 
 

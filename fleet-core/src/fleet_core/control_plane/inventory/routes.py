@@ -13,7 +13,7 @@ import fleet_contract
 from fleet_core.control_plane.auth import guard
 from fleet_core.control_plane.inventory import service
 from fleet_core.control_plane.inventory.store import InventoryStore
-from fleet_core.shared import paging, web
+from fleet_core.shared import inputs, paging, web
 from fleet_core.shared.errors import InvalidRequest, NotFound
 
 __all__ = ["inventory_routes"]
@@ -83,16 +83,10 @@ def _instant(text: str | None) -> datetime:
     now = datetime.now(UTC)
     if text is None:
         return now
-    try:
-        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        at = None
-    if at is None or at.tzinfo is None or at > now:
-        raise InvalidRequest(
-            f"at must be a past instant with a time zone (2026-09-15T00:00:00Z), not {text[:40]!r}",
-            param="at",
-        )
-    return at.astimezone(UTC)
+    at = inputs.parse_instant(text, name="at", naive_utc=False)
+    if at > now:
+        raise InvalidRequest(f"at must be a past instant, not {text[:40]!r}", param="at")
+    return at
 
 
 def inventory_routes(store: InventoryStore, *, max_gap_s: int) -> list[BaseRoute]:

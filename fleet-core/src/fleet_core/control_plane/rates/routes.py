@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from fleet_core.control_plane.auth import guard
 from fleet_core.control_plane.rates.store import RatesStore
 from fleet_core.control_plane.rates.wire import ModelRates, RatesPut, stored_rates
 from fleet_core.shared import web
@@ -52,8 +53,9 @@ class _Rates:
     async def put(self, request: Request) -> Response:
         model = _model(request)
         put = web.decode(_PUT, await request.body())
-        rates, created = await self.store.put(model, stored_rates(put))
-        return web.json_response(rates, 201 if created else 200)
+        rates, old = await self.store.replace(model, stored_rates(put))
+        guard.audit_detail(request, {"before": old, "after": rates})
+        return web.json_response(rates, 201 if old is None else 200)
 
     async def delete(self, request: Request) -> Response:
         model = _model(request)

@@ -55,20 +55,24 @@ class RatesStore:
             await cur.execute(f"SELECT {_COLUMNS} FROM model_rates WHERE model = %s", (model,))
             return _rates(await cur.fetchone())
 
-    async def put(self, model: str, rates: pricing.Rates) -> tuple[ModelRates, bool]:
-        """Upsert; returns the row and whether it was created."""
-        async with self._pool.connection() as conn:
+    async def replace(
+        self, model: str, rates: pricing.Rates
+    ) -> tuple[ModelRates, ModelRates | None]:
+        """Upsert, in one transaction with reading what it replaced: ``(new, old)``, ``old``
+        None when the model had no rates (the audit trail records both)."""
+        async with self._pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
-                _UPSERT + f" RETURNING {_COLUMNS}, (xmax = 0) AS created",
+                f"SELECT {_COLUMNS} FROM model_rates WHERE model = %s FOR UPDATE", (model,)
+            )
+            old = _rates(await cur.fetchone())
+            await cur.execute(
+                _UPSERT + f" RETURNING {_COLUMNS}",
                 (model, rates.input_fresh, rates.input_cached, rates.output),
             )
-            row = await cur.fetchone()
-        assert row is not None
-        created = bool(row.pop("created"))
-        found = _rates(row)
-        assert found is not None
-        return found, created
+            new = _rates(await cur.fetchone())
+        assert new is not None
+        return new, old
 
     async def delete(self, model: str) -> ModelRates | None:
         async with self._pool.connection() as conn:

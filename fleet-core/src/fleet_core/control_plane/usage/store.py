@@ -5,7 +5,9 @@ A window reads ``usage_hour`` for the whole hours inside it and ``usage_minute``
 partial hours at its edges, so a month costs hours × pairs rows rather than minutes × pairs. An
 hour row is the exact sum of its minute rows (the ledger writer keeps both from the same insert),
 so the answer is the same integers the minute rollups (and the ledger) give. The usage
-agreement reads its own hourly rollups the same way (ADR 0014, migration 0016).
+agreement reads its own hourly rollups the same way (ADR 0014, migration 0016). Each answer
+reads one snapshot (`_SNAPSHOT`), so a batch the ledger writer commits meanwhile is in every
+part of it or in none.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from fleet_core.control_plane.usage.wire import Agreement, CountAgreement, Group
 __all__ = ["agreement", "percentile_cont", "split", "usage"]
 
 _HOUR = timedelta(hours=1)
+_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+"""Every usage answer is one snapshot: its hour rollups, minute rollups and raw edge rows all
+as of one instant, however many statements read them, while the ledger writer commits batches
+(each batch's rows and rollups in one transaction) beside it."""
 _KEYS = {
     "hour": sql.SQL(
         "to_char(date_trunc('hour', at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')"
@@ -86,7 +92,8 @@ async def usage(
         " sum(tokens_cached), sum(tokens_fresh), sum(units)"
         " FROM ({parts}) AS rolled GROUP BY 1 ORDER BY 1"
     ).format(key=_KEYS[group_by], parts=parts)
-    async with pool.connection() as conn:
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute(_SNAPSHOT)
         cursor = await conn.execute(query, params)
         rows = await cursor.fetchall()
     return [
@@ -195,7 +202,8 @@ async def agreement(
     """
     first, last = split(start, end)
     params = {"start": start, "end": end, "first": first, "last": last, "model": model}
-    async with pool.connection() as conn:
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute(_SNAPSHOT)  # both statements see the same rollups and ledger rows
         counts = await (await conn.execute(_COUNTS, params)).fetchall()
         histogram = await (await conn.execute(_HISTOGRAM, params)).fetchall()
     sums: dict[str, _Sums] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from fleet_core.gateway.admission.limits import (
@@ -41,6 +41,9 @@ class BatchingStore:
         self._store = store
         self._queue: list[tuple[Ask, asyncio.Future[Decision]]] = []
         self._sending: set[asyncio.Task[None]] = set()
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        self._store.on_lost(callback)
 
     async def reserve(self, charges: Sequence[Charge], holds: Sequence[Hold] = ()) -> Decision:
         loop = asyncio.get_running_loop()

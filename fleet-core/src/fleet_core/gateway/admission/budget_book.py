@@ -453,13 +453,14 @@ class BudgetBook:
             self._rule_sets.forget_idle()
         return updates
 
-    def touches(self, *, now: float | None = None) -> list[HoldUpdate]:
+    def touches(self, *, now: float | None = None, everything: bool = False) -> list[HoldUpdate]:
         """Every ``ttl_s / 4``, the entries holding something and not written for that long,
         written again for another ``ttl_s``: none goes unwritten for more than ``ttl_s / 2``.
         A touch carries the whole allowance, so that an entry the store lost (it expired while
-        this gateway could not reach the store) is made again."""
+        this gateway could not reach the store, or the store restarted empty) is made again;
+        ``everything`` touches every entry holding something now (the store lost them)."""
         now = time.monotonic() if now is None else now
-        quarter = self.ttl_s / 4
+        quarter = 0.0 if everything else self.ttl_s / 4
         if now - self._touched_at < quarter:
             return []
         self._touched_at = now

@@ -179,15 +179,23 @@ Refreshed = Callable[[dict[str, int], float], object]
 """Told each new set of rule sums and the monotonic time its query started."""
 
 
-async def read_budgets(pool: AsyncConnectionPool, refreshed: Refreshed) -> bool:
-    """One refresh of the rules' sums; False (logged) when the database did not answer."""
+async def read_budgets(
+    pool: AsyncConnectionPool, refreshed: Refreshed, *, outage: OutageLog | None = None
+) -> bool:
+    """One refresh of the rules' sums; False (logged, through ``outage`` when given) when the
+    database did not answer: the last figures stay."""
     started = time.monotonic()
     try:
         async with pool.connection(timeout=5) as conn:
             used = await rule_usage(conn)
     except (psycopg.Error, OSError, TimeoutError) as exc:
-        log.warning("budget usage refresh failed, keeping the last figures: %s", exc)
+        if outage is None:
+            log.warning("budget usage refresh failed, keeping the last figures: %s", exc)
+        else:
+            outage.failed(exc)
         return False
+    if outage is not None:
+        outage.recovered()
     refreshed(used, started)
     return True
 
@@ -204,15 +212,49 @@ async def refresh_budgets(
     (a request met a rule not yet read); ``idle`` runs after each try, answered or not (the
     gateway keeps its budget holds alive there)."""
     wanted = wanted or asyncio.Event()
+    outage = OutageLog("budget usage refresh (keeping the last figures)")
     while True:
         started = time.monotonic()
         wanted.clear()
-        await read_budgets(pool, refreshed)
+        await read_budgets(pool, refreshed, outage=outage)
         idle()
         stopping.raise_if_cancelled()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(0.0, interval_s - (time.monotonic() - started))):
                 await wanted.wait()
+
+
+class OutageLog:
+    """One warning when a dependency goes away, then one every ``every_s`` while it stays away
+    (with how many tries failed since), and one line when it is back: a loop that retries every
+    second must not write a warning every second for as long as Postgres is down."""
+
+    def __init__(
+        self, what: str, *, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.what, self.every_s, self._clock = what, every_s, clock
+        self._since: float | None = None
+        self._logged_at = 0.0
+        self._failures = 0
+
+    def failed(self, exc: BaseException) -> None:
+        now = self._clock()
+        self._failures += 1
+        if self._since is None:
+            self._since, self._logged_at, self._failures = now, now, 0
+            log.warning("%s lost the database, retrying: %s", self.what, exc)
+        elif now - self._logged_at >= self.every_s:
+            log.warning(
+                "%s still cannot reach the database after %.0f s (%d more failures): %s",
+                self.what, now - self._since, self._failures, exc,
+            )  # fmt: skip
+            self._logged_at, self._failures = now, 0
+
+    def recovered(self) -> None:
+        if self._since is not None:
+            log.warning("%s reached the database again after %.0f s",
+                        self.what, self._clock() - self._since)  # fmt: skip
+            self._since, self._failures = None, 0
 
 
 class CatalogWatcher:
@@ -229,6 +271,7 @@ class CatalogWatcher:
         self._directory = directory
         self._poll_interval_s = poll_interval_s
         self.reloads = 0
+        self.outage = OutageLog("catalog watcher")
 
     async def run(self) -> None:
         """Forever: listen, reload on notification or poll; reconnect after failures."""
@@ -236,7 +279,7 @@ class CatalogWatcher:
             try:
                 await self._listen()
             except (psycopg.Error, OSError, TimeoutError) as exc:
-                log.warning("catalog watcher lost the database, retrying: %s", exc)
+                self.outage.failed(exc)
                 stopping.raise_if_cancelled()
                 await asyncio.sleep(self._poll_interval_s)
 
@@ -246,6 +289,7 @@ class CatalogWatcher:
         ) as conn:
             await conn.execute(f"LISTEN {CHANNEL}")
             await self._reload(conn)  # what changed while we were not listening
+            self.outage.recovered()
             while True:
                 stopping.raise_if_cancelled()
                 notified = False

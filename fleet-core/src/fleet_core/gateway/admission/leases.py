@@ -281,6 +281,9 @@ class LeasedStore:
     async def update_holds(self, updates: Sequence[HoldUpdate]) -> None:
         await self._store.update_holds(updates)
 
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        self._store.on_lost(callback)
+
     async def ping(self) -> bool:
         return await self._store.ping()
 

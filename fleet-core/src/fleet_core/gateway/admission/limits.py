@@ -19,7 +19,7 @@ go below zero, which delays whoever comes next — that is the price of the over
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, Protocol
 
 import msgspec
@@ -166,6 +166,10 @@ class LimitStore(Protocol):
 
     async def ping(self) -> bool:
         """Whether the store answers now (for readiness probes)."""
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever the store is found to have lost its state (a Redis that
+        restarted empty; ADR 0023). A store in this process never does."""
 
     async def aclose(self) -> None:
         """Release connections."""

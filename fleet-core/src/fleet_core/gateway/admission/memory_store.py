@@ -146,6 +146,9 @@ class MemoryStore:
         for charge in merged_charges(charges):
             self._write(charge, self._level(charge, now), now)
 
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        """This store lives and dies with the process: it never loses state on its own."""
+
     async def ping(self) -> bool:
         return True
 

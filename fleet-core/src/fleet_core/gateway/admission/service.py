@@ -109,6 +109,7 @@ class Admission:
         self._plans: dict[Principal, _Plan] = {}
         """Each principal's reservation steps, valid while the directory returns the same
         buckets (`_reserve` checks)."""
+        store.on_lost(self.store_lost)
 
     @property
     def auth_required(self) -> bool:
@@ -287,6 +288,12 @@ class Admission:
         """New rollup figures: take what every gateway now reads in the rollups out of this
         gateway's allowances, and give back slack recent use does not need."""
         self._settlements.update_holds(self._budgets.refreshed(used, started_at=started_at))
+
+    def store_lost(self) -> None:
+        """The store lost its state (ADR 0023): its buckets count as emptied at the loss (the
+        scripts do that), and this gateway writes every allowance it holds again now, rather
+        than at its next touch, so other gateways judge against them again at once."""
+        self._settlements.update_holds(self._budgets.touches(everything=True))
 
     def keep_holds(self) -> None:
         """Write this gateway's allowances again before they expire (`BudgetBook.touches`),

@@ -14,14 +14,16 @@ become `StoreUnavailable`; what to do then (admit or refuse) is the policy's bus
 from __future__ import annotations
 
 import importlib.resources
+import logging
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, RedisError
 from redis.retry import Retry
 from redis.typing import EncodableT
@@ -44,11 +46,14 @@ from fleet_core.gateway.admission.limits import (
 __all__ = [
     "Ask",
     "RedisStore",
+    "epoch_key",
     "expiry_key",
     "open_redis_store",
     "script_source",
     "settled_key",
 ]
+
+log = logging.getLogger("fleet.admission")
 
 NEVER_MS = -1
 """The admit script's retry_ms for an amount that can never fit."""
@@ -67,6 +72,13 @@ def expiry_key(book: str) -> str:
     return f"{book}:expiry"
 
 
+def epoch_key(key: str) -> str:
+    """The state epoch of ``key``'s hash tag (lib_buckets.lua's ``epoch``; ADR 0023): the prefix
+    up to and including the tag, then ``:epoch``, so it shares the tag's Cluster slot."""
+    tag = hash_tag(key)
+    return f"{key[: key.find(tag) + len(tag)]}:epoch"
+
+
 def settled_key(bucket: str, batch_id: str) -> str:
     """settle.lua's marker that batch ``batch_id`` was applied (same hash tag as ``bucket``)."""
     return f"{bucket}:settled:{batch_id}"
@@ -81,6 +93,9 @@ class RedisStore:
 
     def __init__(self, client: Redis) -> None:
         self._client = client
+        self._epochs: dict[str, str] = {}
+        """The state epoch last seen per hash tag's epoch key (`epoch_key`)."""
+        self._lost: list[Callable[[], None]] = []
         # register_script gives EVALSHA, falling back to loading the script on NOSCRIPT.
         self._admit = client.register_script(script_source("admit.lua"))
         self._settle = client.register_script(script_source("settle.lua"))
@@ -98,7 +113,11 @@ class RedisStore:
         if not sent:
             return [ADMITTED for _ in merged]
         keys, args = _admit_call(sent)
-        reply = iter(await self._run(self._admit, keys, args))
+        epoch = epoch_key(keys[0])
+        args.insert(len(args) - 1, self._epochs.get(epoch, ""))
+        answer = await self._run(self._admit, [*keys, epoch], args)
+        self._saw(epoch, answer.pop())
+        reply = iter(answer)
         with_asks = any(holds for _, holds in sent)
         decisions = []
         for m, holds in merged:
@@ -133,6 +152,22 @@ class RedisStore:
                 ]
             await self._run(self._holds, keys, args)
 
+    def _saw(self, key: str, epoch: bytes | str) -> None:
+        """Note the epoch a script answered with; a different one than before means the store
+        lost this tag's state (restarted empty, flushed, failed over): tell `on_lost`."""
+        seen = epoch.decode() if isinstance(epoch, bytes) else epoch
+        if not seen:
+            return  # a settlement batch applied before: it answers no epoch
+        before = self._epochs.get(key)
+        self._epochs[key] = seen
+        if before is not None and before != seen:
+            log.warning("the rate-limit store lost its state for %s: rebuilding", key)
+            for callback in self._lost:
+                callback()
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        self._lost.append(callback)
+
     async def settle(self, charges: Sequence[Charge], batch_id: str | None = None) -> None:
         """Apply ``charges`` (all under one hash tag) once per ``batch_id``, however often sent.
 
@@ -141,9 +176,12 @@ class RedisStore:
         merged = [charge for charge in merged_charges(charges) if charge.amount != 0]
         if merged:
             marker = settled_key(merged[0].bucket.key, batch_id or uuid.uuid4().hex)
-            keys = [marker, *(charge.bucket.key for charge in merged)]
-            args = [SETTLED_TTL_S, *(v for c in merged for v in (c.bucket.capacity, c.amount))]
-            await self._run(self._settle, keys, args)
+            epoch = epoch_key(marker)
+            keys = [marker, *(charge.bucket.key for charge in merged), epoch]
+            args: list[int | str] = [SETTLED_TTL_S]
+            args += (v for c in merged for v in (c.bucket.capacity, c.amount))
+            args.append(self._epochs.get(epoch, ""))
+            self._saw(epoch, await self._run(self._settle, keys, args))
 
     async def ping(self) -> bool:
         try:
@@ -156,7 +194,16 @@ class RedisStore:
 
     async def _run(self, script: AsyncScript, keys: list[str], args: Sequence[int | str]) -> Any:
         try:
-            return await script(keys=keys, args=args)
+            try:
+                return await script(keys=keys, args=args)
+            except RedisConnectionError:
+                # A pooled socket to a server that went away (restarted, failed over): every
+                # idle one is as stale, so drop them all and try once more on a new connection.
+                # Each used to fail a request of its own (a restarted Redis answered 503 for
+                # 20 s). Once more is safe: every settlement and entry update is applied once
+                # per batch id, and a reservation made twice only holds more than it needs.
+                await self._client.connection_pool.disconnect(inuse_connections=False)
+                return await script(keys=keys, args=args)
         except (RedisError, OSError) as exc:  # OSError: a socket error redis-py did not wrap
             raise StoreUnavailable(f"rate-limit store: {exc}") from exc
 

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fleet_core.gateway.admission.key_ring import Principal
 from fleet_core.gateway.admission.service import Admission
 from fleet_core.gateway.edge.responses import ClientGone, send_stream, until_disconnect
 from fleet_core.gateway.edge.viewers import Viewers
@@ -159,14 +159,6 @@ class _Endpoints:
         self.admission, self.metrics, self.viewers = admission, metrics, viewers
         self.sink_problem = sink_problem
 
-    async def _reader(self, request: Request) -> Principal | None:
-        """Whose records a caller may read: None for everyone's (the metrics credential), else
-        its key's tenant."""
-        authorization = request.headers.get("authorization")
-        if await self.viewers.sees_all(authorization):
-            return None
-        return self.admission.authenticate(authorization)
-
     async def models(self, request: Request) -> Response:
         self.admission.authenticate(request.headers.get("authorization"))
         table = self.router.table
@@ -202,12 +194,17 @@ class _Endpoints:
         return web.json_response(body, 503 if problems else 200)
 
     async def requests(self, request: Request) -> Response:
-        """Recent usage records; a tenant's key sees its own tenant's only."""
-        viewer = await self._reader(request)
+        """Recent usage records; a tenant's key sees its own tenant's only, without the engine
+        endpoint that served each (a pod's address is the operator's business)."""
+        viewer = await self.viewers.reader(request.headers.get("authorization"))
         page = paging.page(request.query_params, ["time", "text"], most=RECENT)
         records = self.ring.recent(RECENT)
         if viewer is not None:
-            records = [r for r in records if r.tenant == viewer.tenant]
+            records = [
+                msgspec.structs.replace(r, endpoint=None)
+                for r in records
+                if r.tenant == viewer.tenant
+            ]
         rows = paging.window(records, page, _newest, descending=True)
         return web.json_response(paging.listing(rows, page, _newest))
 

@@ -16,6 +16,7 @@ from typing import Literal
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from fleet_core.gateway.admission.key_ring import Principal
 from fleet_core.gateway.admission.service import Admission
 from fleet_core.shared import credentials
 from fleet_core.shared.errors import AuthenticationError, FleetError, PermissionDenied, Unavailable
@@ -42,6 +43,23 @@ class Viewers:
     async def sees_all(self, authorization: str | None) -> bool:
         """True for the metrics credential (or an admin's), or on an open gateway."""
         return await self._verdict(authorization) == "all"
+
+    async def reader(self, authorization: str | None) -> Principal | None:
+        """Whose recent requests a caller reads: None for everyone's (the metrics credential, an
+        admin's, an open gateway), else its API key's principal (its own tenant's). Another
+        control-plane credential (finance, operator …) is known, so 403, not 401."""
+        verdict = await self._verdict(authorization)
+        if verdict == "all":
+            return None
+        try:
+            return self._admission.authenticate(authorization)
+        except AuthenticationError:
+            if verdict != "denied":
+                raise
+        raise PermissionDenied(
+            "only the metrics credential (or an admin's) or an API key reads recent requests",
+            code="insufficient_role",
+        )
 
     async def require(self, authorization: str | None) -> None:
         """401 without a known credential, 403 with one that may not see fleet-wide data."""

@@ -7,7 +7,9 @@
 -- KEYS[1..B]        the buckets: each a hash {level, ts}; absent means full.
 -- KEYS[B+2r-1], KEYS[B+2r]   budget rule r's book: a hash {sum, <owner> = amount} and a sorted
 --                   set <owner> -> expiry (ms). All keys share the tenant's hash tag.
--- ARGV[#ARGV]       H, the number of budget rules (so B = #KEYS - 2H); read first
+-- KEYS[#KEYS]       the hash tag's state epoch (lib_buckets.lua's `epoch`)
+-- ARGV[#ARGV]       H, the number of budget rules (so B = #KEYS - 2H - 1); read first
+-- ARGV[#ARGV - 1]   the epoch id the gateway saw last ('' for none)
 -- ARGV[1..B]        bucket i's capacity (per minute; it refills capacity/60 per second)
 -- then              for each rule: its limit and its base (what the rollups count)
 -- then              R, the number of reservations; for each: n and n pairs (bucket index, amount
@@ -15,7 +17,8 @@
 --                   grant id, need, extra, keep: the entry as its gateway means it before this
 --                   growth, ttl_ms). Without rules the arguments are the bucket-only ones and 0.
 --
--- Returns per reservation three numbers, then (only when H > 0) one per ask: what it grew.
+-- Returns per reservation three numbers, then (only when H > 0) one per ask: what it grew; and
+-- last, the epoch's id.
 -- {1, 0, 0} when every ask fit and every bucket held its amount (all were taken); {2, k, excess}
 -- when ask k would take its rule past the limit (by excess; excess 0: its gateway gave the
 -- growth up already, see lib_holds.lua's undo); else {0, j, retry_ms}: j is the reservation's
@@ -50,7 +53,8 @@ end
 local now = clock()
 local now_ms = math.floor(now * 1000)
 local rules = tonumber(ARGV[#ARGV])
-local count = #KEYS - 2 * rules
+local count = #KEYS - 2 * rules - 1
+local epoch_id = epoch(KEYS[#KEYS], ARGV[#ARGV - 1], now)
 local capacities, levels, touched = {}, {}, {}
 for i = 1, count do
   capacities[i] = tonumber(ARGV[i])
@@ -142,4 +146,5 @@ for i = 1, count do
   end
 end
 keep_books()
+out[#out + 1] = epoch_id
 return out

@@ -8,9 +8,10 @@
 -- ARGV[2i]     bucket i's capacity (per minute; it refills capacity/60 per second)
 -- ARGV[2i+1]   the correction for bucket i: positive takes more (the level may go below zero:
 --              an overrun delays whoever comes next), negative refunds (capped at capacity)
+-- KEYS[#KEYS]  the hash tag's state epoch, ARGV[#ARGV] the id the gateway saw last (`epoch`)
 --
--- Returns 1 if the batch was applied now, 0 if it had been already. Time is Redis's own (TIME),
--- so every gateway shares one clock.
+-- Returns the epoch's id if the batch was applied now, '' if it had been already. Time is
+-- Redis's own (TIME), so every gateway shares one clock.
 --
 -- The bucket helpers (current, store, clock …) come from lib_buckets.lua, shared with admit.lua;
 -- they repeat fleet_core/gateway/admission/buckets.py operation for operation.
@@ -18,11 +19,12 @@
 -- #include lib_buckets.lua
 
 if not redis.call('SET', KEYS[1], '1', 'EX', ARGV[1], 'NX') then
-  return 0
+  return ''
 end
 local now = clock()
-for i = 2, #KEYS do
+local id = epoch(KEYS[#KEYS], ARGV[#ARGV], now)
+for i = 2, #KEYS - 1 do
   local capacity, amount = tonumber(ARGV[2 * i - 2]), tonumber(ARGV[2 * i - 1])
   store(KEYS[i], math.min(capacity, current(KEYS[i], capacity, now) - amount), capacity, now)
 end
-return 1
+return id
