@@ -1,8 +1,9 @@
 """Binding a cluster, as an admin does before its operator reports (ADR 0020).
 
-Also the engine key a cluster's engines hold. A cluster without a binding serves nothing: its reports are refused while they list a deployment.
+A cluster without a binding serves nothing: its reports are refused while they list a deployment.
 Every test that reports deployments binds its cluster first, with what it will report: the
-served model names, and where the endpoints are (a CIDR, or a host name).
+served model names, and where the endpoints are (a CIDR, or a host name). Also the engine key a
+cluster's engines hold, derived from the fleet engine secret.
 """
 
 from __future__ import annotations

@@ -173,7 +173,9 @@ def test_network_policies_admit_only_the_gateway_and_the_operator() -> None:
         assert peer.get("namespaceSelector", {}).get("matchLabels"), peer
     fleet_system = {"kubernetes.io/metadata.name": "fleet-system"}
     by_namespace = {
-        tuple(sorted(p["podSelector"]["matchLabels"].items())): p["namespaceSelector"]["matchLabels"]
+        tuple(sorted(p["podSelector"]["matchLabels"].items())): p["namespaceSelector"][
+            "matchLabels"
+        ]
         for p in rule["from"]
     }
     assert sorted(by_namespace.values(), key=str) == sorted(

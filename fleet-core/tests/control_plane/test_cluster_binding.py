@@ -97,8 +97,8 @@ async def test_the_binding_is_the_admins_and_narrowing_it_takes_endpoints_out_at
     assert bound["updatedBy"] == "cred_bootstrap_admin"
     operator = await issue(admin, "operator", clusterId="c1")
     async with as_(admin, operator) as c1:
-        envelope(await c1.put("/api/v1/clusters/c1/binding", json={"servedModels": [QWEN],
-                                                                  "endpoints": []}), 403)  # fmt: skip
+        grant = {"servedModels": [QWEN], "endpoints": []}  # an operator may not bind itself
+        envelope(await c1.put("/api/v1/clusters/c1/binding", json=grant), 403)
         named = hostile("http://qwen.models.svc.cluster.local:8000")
         assert (await c1.put("/api/v1/inventory", json=named)).status_code == 200
     assert len((await endpoints(admin))["models"]) == 1
@@ -161,7 +161,8 @@ def test_nothing_outside_a_binding_is_accepted_or_discovered(
     compiled = bindings.parse_patterns(patterns)
     offered = service.endpoints_document([decoded], {"c1": binding} if binding else {})
     for model in offered.models:
-        assert binding is not None and model.served_model_name in binding.served_models
+        assert binding is not None
+        assert model.served_model_name in binding.served_models
         assert all(bindings.allows_endpoint(compiled, e.url) for e in model.endpoints)
     try:
         bindings.check_report(decoded, binding)
@@ -169,7 +170,8 @@ def test_nothing_outside_a_binding_is_accepted_or_discovered(
         return
     assert binding is not None or not decoded.deployments
     for deployment in decoded.deployments:
-        assert binding is not None and deployment.served_model_name in binding.served_models
+        assert binding is not None
+        assert deployment.served_model_name in binding.served_models
         assert all(bindings.allows_endpoint(compiled, e.url) for e in deployment.endpoints)
 
 
