@@ -4,8 +4,10 @@
 stops the app from being built at all. A guarded call is, in order: authenticated (401), its role
 checked against the route's policy (403), a write's ``Content-Type`` checked (415: a browser's
 cross-site form or ``text/plain`` fetch cannot be one), then served; a write that succeeded is
-written to the audit trail with the caller's credential id. Handlers that read per-tenant data
-narrow it with ``tenant_scope``; the inventory PUT checks its cluster with ``require_cluster``.
+written to the audit trail with the caller's credential id (and, where the policy says
+``audit_refusals``, a write the handler refused, with its code and field; a handler may name the
+target with ``request.state.audit_target``). Handlers that read per-tenant data narrow it with
+``tenant_scope``; the inventory PUT checks its cluster with ``require_cluster``.
 """
 
 from __future__ import annotations
