@@ -9,6 +9,7 @@ capacity sample but lost its placements, leaving its endpoints' requests unplace
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -64,3 +65,29 @@ async def test_a_late_older_report_still_places_its_endpoints(
         ).fetchall()
     assert [s[0] for s in samples] == [older, newer]
     assert [(e, c, f) for e, c, f in placed] == [(E1, "c1", older), (E2, "c1", older)]
+
+
+async def test_a_report_waits_for_a_close_in_progress_and_then_respects_it(
+    control_plane_url: str, postgres_url: str
+) -> None:
+    """A close holds cost_periods in SHARE ROW EXCLUSIVE mode; the report's SHARE lock waits for
+    it, so a report dated into the month being closed cannot land beside the close."""
+    backdated = inventory("late-dc", at="2026-09-20T00:00:00Z", gpus=8)
+    async with await psycopg.AsyncConnection.connect(postgres_url) as closing:
+        await closing.execute("LOCK TABLE cost_periods IN SHARE ROW EXCLUSIVE MODE")
+        await closing.execute("INSERT INTO cost_periods (period, report) VALUES ('2026-09', '{}')")
+        async with httpx.AsyncClient(headers=ADMIN, timeout=30) as http:
+            put = asyncio.create_task(
+                http.put(f"{control_plane_url}/api/v1/inventory", json=backdated)
+            )
+            done, _ = await asyncio.wait({put}, timeout=0.5)
+            assert not done  # waiting for the close
+            await closing.commit()
+            response = await put
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "observedAt"
+    with psycopg.connect(postgres_url) as conn:
+        (samples,) = conn.execute(
+            "SELECT count(*) FROM capacity_samples WHERE cluster_id = 'late-dc'"
+        ).fetchone() or (0,)
+    assert samples == 0
