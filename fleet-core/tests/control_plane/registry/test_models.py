@@ -12,7 +12,6 @@ import pytest
 
 from fleet_core.control_plane.registry.objects import ObjectStore
 
-from ..conftest import bind
 from .conftest import HubUnderTest, pull_to_end, register
 
 CONTRACT_FIXTURES = Path(__file__).parents[4] / "contract" / "tests" / "fixtures"
@@ -113,6 +112,12 @@ async def test_rates_are_kept_in_model_rates(
     assert negative.json()["error"]["param"] == "rates.output"
 
 
+async def bind(http: httpx.AsyncClient, models: tuple[str, ...]) -> None:
+    """The admin binds the fixture's cluster to ``models`` before it reports (ADR 0020)."""
+    body = {"servedModels": list(models), "endpoints": ["10.42.0.0/16"]}
+    assert (await http.put("/api/v1/clusters/gpu-east/binding", json=body)).status_code == 200
+
+
 @directory_only
 async def test_delete_is_refused_while_a_fleetmodel_uses_the_model(
     control_plane_client: httpx.AsyncClient, objects: ObjectStore
@@ -120,7 +125,9 @@ async def test_delete_is_refused_while_a_fleetmodel_uses_the_model(
     await register(control_plane_client, "fleet/tiny-gguf", id="gemma-270m")
     await pull_to_end(control_plane_client, "gemma-270m")
     report = json.loads((CONTRACT_FIXTURES / "v1-full.json").read_text())
-    await bind(control_plane_client)
+    await bind(
+        control_plane_client, ("Qwen/Qwen2.5-7B-Instruct", "gemma-270m", "llama-405b", "tiny")
+    )
     assert (await control_plane_client.put("/api/v1/inventory", json=report)).status_code == 200
     refused = await control_plane_client.delete("/api/v1/models/gemma-270m")
     assert refused.status_code == 409
@@ -160,7 +167,7 @@ async def test_delete_is_refused_while_a_fleetmodel_names_the_model_as_its_sourc
     report = json.loads((CONTRACT_FIXTURES / "v1-full.json").read_text())
     deployment = {**report["deployments"][0], "name": "chat", "servedModelName": "chat"}
     report["deployments"] = [deployment]
-    await bind(control_plane_client, models=("chat",))
+    await bind(control_plane_client, ("chat",))
     assert (await control_plane_client.put("/api/v1/inventory", json=report)).status_code == 200
     assert (
         await control_plane_client.delete("/api/v1/models/tiny")
