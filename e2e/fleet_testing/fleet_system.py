@@ -31,6 +31,7 @@ import openai
 import psycopg
 
 from fleet_testing import databases, processes, servers
+from fleet_testing.bindings import binding_body, cluster_engine_key
 from fleet_testing.fix_kube import KubeCluster
 from fleet_testing.kubelet import Image, Kubelet, running_kubelet
 from fleet_testing.ports import free_port
@@ -44,6 +45,8 @@ MODEL = "gemma-3-270m"
 """The registry id and served name of the model."""
 FM_NAME = "gemma"
 """The FleetModel's name (its Service's too)."""
+CLUSTER = "e2e"
+"""The operator's cluster id (its credential's, its binding's and its engine key's)."""
 CRD = Path(__file__).resolve().parents[2] / "deploy" / "base" / "crd.yaml"
 KUBECTL = shutil.which("kubectl") or "kubectl"
 
@@ -219,13 +222,14 @@ def import_model(admin: Api, gguf: Path) -> None:
 def start_operator(
     procs: Processes, admin: Api, kubeconfig: Path, namespace: str, workdir: Path
 ) -> None:
-    token = token_file(workdir, "operator-token", admin.credential("operator", clusterId="e2e"))
+    credential = admin.credential("operator", clusterId=CLUSTER)
+    token = token_file(workdir, "operator-token", credential)
     liveness = f"http://127.0.0.1:{free_port()}/healthz"
     argv = [
         str(BIN / "fleet-serving"),
         "run",
         f"--report-to={admin.url}",
-        "--cluster=e2e",
+        f"--cluster={CLUSTER}",
         f"--report-token-file={token}",
         f"--namespace={namespace}",
         f"--liveness={liveness}",
@@ -278,11 +282,16 @@ def running_fleet(
         procs = stack.enter_context(processes.processes(workdir))
         admin = start_control_plane(procs, database_url, random_token(), workdir / "objects")
         import_model(admin, gguf)
-        engine_key = random_token()
+        # ADR 0020: the gateway holds the fleet secret; the cluster's Secret holds its own key.
+        fleet_secret = random_token()
+        engine_key = cluster_engine_key(fleet_secret, CLUSTER)
         secret(cluster, ns, "fleet-engine-key", "api-key", engine_key)
         secret(cluster, ns, "fleet-engine-token", "token", admin.credential("engine"))
+        # The kubelet stand-in runs pods on 198.18.N.x (fleet_testing.kubelet).
+        admin.call("PUT", f"/api/v1/clusters/{CLUSTER}/binding",
+                   binding_body([MODEL], ["198.18.0.0/15"]))  # fmt: skip
         start_operator(procs, admin, cluster.kubeconfig, ns, workdir)
-        key_file = token_file(workdir, "engine-key", engine_key)
+        key_file = token_file(workdir, "engine-key", fleet_secret)
         gateway = start_gateway(procs, admin, database_url, redis_url, key_file, workdir)
         fleet = Fleet(
             cluster,

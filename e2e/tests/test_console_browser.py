@@ -155,6 +155,9 @@ def _inventory(http: httpx.Client) -> None:
     body = {"role": "operator", "label": "op", "clusterId": "gpu-east"}
     operator = _created(http.post("/api/v1/credentials", json=body))
     report = json.loads(INVENTORY.read_text())
+    models = [d["servedModelName"] for d in report["deployments"]]  # the admin binds it first
+    binding = {"servedModels": models, "endpoints": ["10.42.0.0/16"]}
+    _created(http.put("/api/v1/clusters/gpu-east/binding", json=binding))
     report["observedAt"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
     pushed = http.put("/api/v1/inventory", json=report, headers=bearer(operator["secret"]))
     assert pushed.status_code < 300, pushed.text

@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from fleet_testing import processes
+from fleet_testing.bindings import bind_cluster
 from fleet_testing.waiting import eventually
 
 from .cluster import Cluster
@@ -61,6 +62,7 @@ async def test_a_real_control_plane_accepts_the_report(
     await cluster.create(NODES, a_gpu_node("gpu-1", gpus=4))
     await cluster.create(NODES, cpu_node("cpu-1"))
     token = await operator_credential(control_plane, admin_token, "test")
+    await asyncio.to_thread(bind_cluster, control_plane, admin_token, "test", ["gemma"])
     await start_operator(control_plane, "--report-interval=30s", token=token)
     await cluster.create(FM, fleetmodel("gemma", engine="llamacpp", weightFormat="gguf",
                                     gpusPerReplica=0))  # fmt: skip

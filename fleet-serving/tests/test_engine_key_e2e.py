@@ -34,6 +34,7 @@ from fleet_serving import profiles, rendering
 from fleet_serving.spec import decode_spec
 from fleet_serving.view import ClusterView
 from fleet_testing import processes
+from fleet_testing.bindings import bind_cluster, cluster_engine_key
 from fleet_testing.processes import Processes
 from fleet_testing.waiting import eventually
 
@@ -103,20 +104,24 @@ async def report_as_the_operator(control_plane: str, token: str, model: dict[str
 
 @asynccontextmanager
 async def discovered_engine(
-    procs: Processes, postgres_url: str, admin_token: str, engine_key: str
+    procs: Processes, postgres_url: str, admin_token: str, fleet_secret: str
 ) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
-    """A rendered engine running with its Secret's key, reported to a control plane on
-    Postgres; yields the control plane's URL, a gateway credential and the engine container."""
+    """A rendered engine running with its Secret's key — cluster ``test``'s key, derived from
+    the fleet engine secret (ADR 0020) — reported to a control plane on Postgres that binds the
+    cluster to it; yields the control plane's URL, a gateway credential and the engine
+    container."""
     model = fleetmodel(MODEL, engine="llamacpp", weightFormat="gguf", gpusPerReplica=0)
     model["metadata"] = {"name": MODEL, "namespace": NAMESPACE, "generation": 1}
     container = rendered_engine(model)
-    env = kubelet_env(container, {"fleet-engine-key": {"api-key": engine_key}})
+    cluster_key = cluster_engine_key(fleet_secret, "test")
+    env = kubelet_env(container, {"fleet-engine-key": {"api-key": cluster_key}})
     args = ["--model", MODEL, "--profile", "llamacpp"]
     engine = await asyncio.to_thread(processes.stub_engine, procs, args, env=env)
     engine_port = int(engine.rsplit(":", 1)[1])
     plane = {"FLEET_DATABASE_URL": postgres_url, "FLEET_ADMIN_TOKEN": admin_token}
     control_plane = await asyncio.to_thread(processes.control_plane, procs, plane)
     operator = await operator_credential(control_plane, admin_token, "test")
+    await asyncio.to_thread(bind_cluster, control_plane, admin_token, "test", [MODEL])
     await report_as_the_operator(control_plane, operator, model, engine_port)
     gateway = await issue_credential(control_plane, admin_token, {"role": "gateway", "label": "gw"})
     yield control_plane, gateway, container
@@ -153,7 +158,7 @@ async def test_the_gateway_serves_a_discovered_operator_rendered_engine_with_the
             "name": "fleet-engine-key",
             "key": "api-key",
         }
-        mounted = tmp_path / "fleet-engine-key" / "api-key"  # the Secret mounted read-only
+        mounted = tmp_path / "fleet-engine-key" / "api-key"  # the gateway's, mounted read-only
         mounted.parent.mkdir()
         mounted.write_text(engine_key)
         discovery = {"FLEET_CONTROL_PLANE_URL": control_plane, "FLEET_CONTROL_PLANE_TOKEN": token}

@@ -167,6 +167,20 @@ def test_network_policies_admit_only_the_gateway_and_the_operator() -> None:
     assert any(s.items() <= engine_labels.items() for s in sources)  # registry weight downloads
     assert rule["ports"] == [{"port": 8081, "protocol": "TCP"}]
     engines = policies["fleet-engines"]
+    # A pod label is self-assignable: no peer may be admitted by a pod label alone, from any
+    # namespace; each names the namespaces it may come from.
+    for peer in rule["from"]:
+        assert peer.get("namespaceSelector", {}).get("matchLabels"), peer
+    fleet_system = {"kubernetes.io/metadata.name": "fleet-system"}
+    by_namespace = {
+        tuple(sorted(p["podSelector"]["matchLabels"].items())): p["namespaceSelector"][
+            "matchLabels"
+        ]
+        for p in rule["from"]
+    }
+    assert sorted(by_namespace.values(), key=str) == sorted(
+        [fleet_system, fleet_system, {"serving.fleet.dev/models": "true"}], key=str
+    )
     assert engines["podSelector"]["matchLabels"].items() <= engine_labels.items()
     (only,) = engines["ingress"]
     (peer,) = only["from"]

@@ -114,7 +114,15 @@ class ModelDeployment(msgspec.Struct, kw_only=True, frozen=True, rename="camel")
 
 
 class InventoryReport(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
-    """The body of ``PUT /api/v1/inventory``: a full snapshot of one cluster."""
+    """The body of ``PUT /api/v1/inventory``: a full snapshot of one cluster.
+
+    Beyond the types, the control plane accepts a report only within bounds it owns (ADR 0020):
+    ``observed_at`` at most 2 minutes ahead of its clock, at most 15 minutes behind the
+    cluster's newest accepted report, and after the last closed cost period (400
+    ``observed_at_out_of_range``); each served model name and endpoint URL inside the admin's
+    binding of the cluster (403 ``outside_binding``, naming the field), endpoint URLs being plain
+    base URLs (http/https, no credentials, query, fragment or path beyond ``/``).
+    """
 
     schema_version: Positive
     cluster_id: Name

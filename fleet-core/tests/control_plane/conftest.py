@@ -63,6 +63,26 @@ async def issue(http: httpx.AsyncClient, role: str, **fields: str) -> str:
     return secret
 
 
+FIXTURE_MODELS = ("Qwen/Qwen2.5-7B-Instruct", "gemma-270m", "llama-405b", "tiny")
+"""The served model names of the contract's ``v1-full.json`` fixture (cluster ``gpu-east``)."""
+
+
+async def bind(
+    http: httpx.AsyncClient,
+    cluster: str = "gpu-east",
+    models: tuple[str, ...] = FIXTURE_MODELS,
+    endpoints: tuple[str, ...] = ("10.42.0.0/16",),
+    *,
+    base: str = "",
+) -> dict[str, Any]:
+    """What an admin does before a cluster reports: bind it to its models and addresses."""
+    body = {"servedModels": list(models), "endpoints": list(endpoints)}
+    response = await http.put(f"{base}/api/v1/clusters/{cluster}/binding", json=body)
+    assert response.status_code == 200, response.text
+    bound: dict[str, Any] = response.json()
+    return bound
+
+
 async def tenant_key(http: httpx.AsyncClient, tenant: str, project: str = "chat") -> str:
     """A tenant, a project of it and an API key of that project; returns the key's secret."""
     await http.post("/api/v1/tenants", json={"id": tenant, "name": tenant.title()})

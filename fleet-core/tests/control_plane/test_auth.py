@@ -20,7 +20,7 @@ from fleet_core.shared.errors import ConfigError
 from fleet_core.shared.settings import LogSettings
 from fleet_testing.fix_auth import bearer
 
-from .conftest import ApiserverFactory, envelope, issue, refused_to_start, tenant_key
+from .conftest import ApiserverFactory, bind, envelope, issue, refused_to_start, tenant_key
 from .test_inventory import report
 
 
@@ -104,6 +104,11 @@ async def test_an_anonymous_inventory_put_cannot_redirect_traffic(
     async with as_(admin, operator) as other_cluster:
         refused = await other_cluster.put("/api/v1/inventory", json=hostile)
         assert envelope(refused, 403)["code"] == "other_cluster"
+        in_own_name = await other_cluster.put(
+            "/api/v1/inventory", json={**hostile, "clusterId": "gpu-west"}
+        )
+        assert envelope(in_own_name, 403)["code"] == "outside_binding"  # not bound: serves nothing
+        await bind(admin, "gpu-west")
         own = await other_cluster.put(
             "/api/v1/inventory", json={**report(), "clusterId": "gpu-west"}
         )

@@ -9,6 +9,8 @@ from typing import Any
 import httpx
 import psycopg
 
+from .conftest import bind
+
 CONTRACT_FIXTURES = Path(__file__).parents[3] / "contract" / "tests" / "fixtures"
 
 
@@ -22,6 +24,7 @@ async def test_a_report_is_summarized_from_its_nodes(
     control_plane_url: str, admin_headers: dict[str, str]
 ) -> None:
     async with httpx.AsyncClient(headers=admin_headers) as http:
+        await bind(http, base=control_plane_url)
         put = await http.put(f"{control_plane_url}/api/v1/inventory", json=report(totalGpus=999))
         assert put.status_code == 200, put.text
         summary = put.json()
@@ -71,6 +74,7 @@ async def test_endpoints_for_the_gateway_with_an_etag(
     control_plane_url: str, admin_headers: dict[str, str]
 ) -> None:
     async with httpx.AsyncClient(headers=admin_headers) as http:
+        await bind(http, base=control_plane_url)
         await http.put(f"{control_plane_url}/api/v1/inventory", json=report())
         first = await http.get(f"{control_plane_url}/api/v1/endpoints")
         models = {m["servedModelName"]: m for m in first.json()["models"]}
@@ -100,10 +104,11 @@ async def test_a_late_older_report_does_not_replace_a_newer_one(
     control_plane_url: str, admin_headers: dict[str, str]
 ) -> None:
     async with httpx.AsyncClient(headers=admin_headers) as http:
+        await bind(http, base=control_plane_url)
         await http.put(
             f"{control_plane_url}/api/v1/inventory", json=report(observedAt="2026-09-14T09:00:00Z")
         )
-        old = report(observedAt="2026-09-14T08:00:00Z", reporterVersion="old")
+        old = report(observedAt="2026-09-14T08:55:00Z", reporterVersion="old")
         assert (
             await http.put(f"{control_plane_url}/api/v1/inventory", json=old)
         ).status_code == 200
@@ -116,6 +121,7 @@ async def test_every_report_appends_to_the_capacity_series(
 ) -> None:
     control_plane_url = await start_apiserver(database_url=postgres_url)
     async with httpx.AsyncClient(headers=admin_headers) as http:
+        await bind(http, base=control_plane_url)
         for minute, gpus in ((0, 8), (1, 8), (2, 16)):
             doc = report(observedAt=f"2026-09-14T08:0{minute}:00Z")
             doc["nodes"][0]["gpus"][0]["count"] = gpus

@@ -20,6 +20,7 @@ _RATES = "/api/v1/model-rates/{model:path}"
 _PERIOD = "/api/v1/cost-periods/{period}"
 _MODEL = "/api/v1/models/{model_id}"
 _CREDENTIAL = "/api/v1/credentials/{credential_id}"
+_CLUSTER = "/api/v1/clusters/{cluster_id}"
 
 ADMIN = allow()
 ROLES: tuple[Role, ...] = ("admin", "finance", "operator", "engine", "gateway", "metrics", "tenant")
@@ -29,12 +30,16 @@ ANY_CREDENTIAL = allow(*ROLES)
 POLICY: dict[tuple[str, str], Policy] = {
     ("GET", "/api/v1/openapi.json"): Policy(public=True),
     ("GET", "/api/v1/whoami"): ANY_CREDENTIAL,
-    # inventory: the operator reports its own cluster (checked in the handler); the gateway reads
+    # inventory: the operator reports its own cluster, inside the binding the admin gave it
+    # (checked in the handler; accepted and refused reports are both audited); the gateway reads
     # the endpoints it routes to
-    ("PUT", "/api/v1/inventory"): allow("operator", audited=False),
+    ("PUT", "/api/v1/inventory"): allow("operator", action="report", audit_refusals=True),
+    ("PUT", f"{_CLUSTER}/binding"): ADMIN,
+    ("GET", f"{_CLUSTER}/binding"): allow("finance"),
+    ("DELETE", f"{_CLUSTER}/binding"): ADMIN,
     ("GET", "/api/v1/inventory"): allow("finance"),
-    ("GET", "/api/v1/clusters/{cluster_id}"): allow("finance"),
-    ("DELETE", "/api/v1/clusters/{cluster_id}"): ADMIN,  # decommission: it changes coverage
+    ("GET", _CLUSTER): allow("finance"),
+    ("DELETE", _CLUSTER): ADMIN,  # decommission: it changes coverage
     ("GET", "/api/v1/endpoints"): allow("gateway"),
     # tenants, projects, keys, budget rules: admin writes; a tenant key reads its own
     ("POST", "/api/v1/tenants"): ADMIN,

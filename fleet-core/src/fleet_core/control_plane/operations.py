@@ -19,6 +19,7 @@ from fleet_core.control_plane.api_keys import wire as keys
 from fleet_core.control_plane.auth import wire as auth
 from fleet_core.control_plane.budget_rules import wire as budgets
 from fleet_core.control_plane.costs import wire as costs
+from fleet_core.control_plane.inventory.bindings import Binding, BindingBody
 from fleet_core.control_plane.inventory.service import ClusterSummary, Decommission
 from fleet_core.control_plane.rates import wire as rates
 from fleet_core.control_plane.registry import wire as registry
@@ -117,10 +118,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(400,),
     ),
     ("PUT", "/api/v1/inventory"): Operation(
-        "Report a cluster's inventory (the operator)",
+        "Report a cluster's inventory (the operator): refused naming the field when it lists a"
+        " model or endpoint outside the cluster's binding (403 outside_binding) or is dated"
+        " outside the time bounds (400 observed_at_out_of_range); accepted and refused reports"
+        " are both audited",
         body=fleet_contract.InventoryReport,
         response=ClusterSummary,
-        errors=(400,),
+        errors=(400, 403),
     ),
     ("GET", "/api/v1/inventory"): Operation(
         "The newest report's summary per cluster, by cluster id",
@@ -136,6 +140,19 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         response=Decommission,
         query=("at",),
         errors=(400, 404),
+    ),
+    ("PUT", "/api/v1/clusters/{cluster_id}/binding"): Operation(
+        "Bind a cluster: the served model names it may report and where its endpoints may be"
+        " (CIDRs, host names, *.suffix); a cluster without a binding serves nothing",
+        body=BindingBody,
+        response=Binding,
+        errors=(400,),
+    ),
+    ("GET", "/api/v1/clusters/{cluster_id}/binding"): Operation(
+        "A cluster's binding", response=Binding, errors=(404,)
+    ),
+    ("DELETE", "/api/v1/clusters/{cluster_id}/binding"): Operation(
+        "Unbind a cluster: it serves nothing from now on", response=Binding, errors=(404,)
     ),
     ("GET", "/api/v1/endpoints"): Operation(
         "Ready endpoints per served model (the gateway; ETag, If-None-Match → 304)",

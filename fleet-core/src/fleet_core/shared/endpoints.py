@@ -4,6 +4,9 @@ The control plane derives it from the operators' inventory reports and serves it
 ``GET /api/v1/endpoints`` (with an ETag); the gateway's discovery polls it and rebuilds its
 routing table from it. One definition here keeps the two sides from drifting. It reuses the
 contract's types for engines and endpoints.
+
+A model served by several clusters has one entry per cluster, naming it: the gateway sends each
+cluster's endpoints that cluster's engine key and no other (`engine_keys`, ADR 0020).
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ class DiscoveredEndpoints(msgspec.Struct, frozen=True, kw_only=True, rename="cam
     served_model_name: str
     engine: Engine
     endpoints: tuple[Endpoint, ...] = ()
+    cluster_id: str | None = None
+    """The cluster whose binding admitted these endpoints (None from a control plane older than
+    per-cluster engine keys: the gateway then sends them no key at all)."""
 
 
 class EndpointsDocument(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

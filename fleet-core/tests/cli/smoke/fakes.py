@@ -215,6 +215,7 @@ class ControlPlane:
                 Route("/api/v1/inventory", self.listed),
                 Route("/api/v1/clusters/{cluster}", self.cluster),
                 Route("/api/v1/clusters/{cluster}", self.ok, methods=["DELETE"]),
+                Route("/api/v1/clusters/{cluster}/binding", self.ok, methods=["PUT", "DELETE"]),
                 Route("/api/v1/cost-rates", self.rates_get),
                 Route("/api/v1/cost-rates", self.rates_post, methods=["POST"]),
                 Route("/api/v1/cost-periods/{month}", self.close_month, methods=["PUT"]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import psycopg
@@ -74,7 +75,18 @@ def inventory(
 
 
 async def put_inventory(control_plane_url: str, report: dict[str, Any]) -> None:
+    """PUT ``report`` as its cluster's operator would, the cluster bound first to exactly the
+    models and endpoint hosts it lists (ADR 0020: an unbound cluster serves nothing)."""
+    models = [d["servedModelName"] for d in report["deployments"]]
+    hosts = [
+        urlsplit(e["url"]).hostname for d in report["deployments"] for e in d["endpoints"]
+    ]  # fmt: skip
+    binding = {"servedModels": models, "endpoints": [f"{h}/32" for h in hosts]}
     async with httpx.AsyncClient(headers=ADMIN) as http:
+        bound = await http.put(
+            f"{control_plane_url}/api/v1/clusters/{report['clusterId']}/binding", json=binding
+        )
+        assert bound.status_code == 200, bound.text
         response = await http.put(f"{control_plane_url}/api/v1/inventory", json=report)
     assert response.status_code == 200, response.text
 

@@ -112,6 +112,12 @@ async def test_rates_are_kept_in_model_rates(
     assert negative.json()["error"]["param"] == "rates.output"
 
 
+async def bind(http: httpx.AsyncClient, models: tuple[str, ...]) -> None:
+    """The admin binds the fixture's cluster to ``models`` before it reports (ADR 0020)."""
+    body = {"servedModels": list(models), "endpoints": ["10.42.0.0/16"]}
+    assert (await http.put("/api/v1/clusters/gpu-east/binding", json=body)).status_code == 200
+
+
 @directory_only
 async def test_delete_is_refused_while_a_fleetmodel_uses_the_model(
     control_plane_client: httpx.AsyncClient, objects: ObjectStore
@@ -119,13 +125,16 @@ async def test_delete_is_refused_while_a_fleetmodel_uses_the_model(
     await register(control_plane_client, "fleet/tiny-gguf", id="gemma-270m")
     await pull_to_end(control_plane_client, "gemma-270m")
     report = json.loads((CONTRACT_FIXTURES / "v1-full.json").read_text())
+    await bind(
+        control_plane_client, ("Qwen/Qwen2.5-7B-Instruct", "gemma-270m", "llama-405b", "tiny")
+    )
     assert (await control_plane_client.put("/api/v1/inventory", json=report)).status_code == 200
     refused = await control_plane_client.delete("/api/v1/models/gemma-270m")
     assert refused.status_code == 409
     assert refused.json()["error"]["code"] == "model_in_use"
     assert "gpu-east/" in refused.json()["error"]["message"]
     report["deployments"] = []
-    report["observedAt"] = "2099-01-01T00:00:00Z"
+    report["observedAt"] = "2026-09-14T08:35:00Z"  # newer than the fixture's
     assert (await control_plane_client.put("/api/v1/inventory", json=report)).status_code == 200
     deleted = await control_plane_client.delete("/api/v1/models/gemma-270m")
     assert deleted.status_code == 200
@@ -158,13 +167,14 @@ async def test_delete_is_refused_while_a_fleetmodel_names_the_model_as_its_sourc
     report = json.loads((CONTRACT_FIXTURES / "v1-full.json").read_text())
     deployment = {**report["deployments"][0], "name": "chat", "servedModelName": "chat"}
     report["deployments"] = [deployment]
+    await bind(control_plane_client, ("chat",))
     assert (await control_plane_client.put("/api/v1/inventory", json=report)).status_code == 200
     assert (
         await control_plane_client.delete("/api/v1/models/tiny")
     ).status_code == 200  # "chat" is not it
     await register(control_plane_client, "fleet/tiny-gguf", id="tiny")
     report["deployments"] = [deployment | {"registryModel": "tiny"}]
-    report["observedAt"] = "2099-01-01T00:00:00Z"
+    report["observedAt"] = "2026-09-14T08:35:00Z"  # newer than the fixture's
     assert (await control_plane_client.put("/api/v1/inventory", json=report)).status_code == 200
     refused = await control_plane_client.delete("/api/v1/models/tiny")
     assert refused.status_code == 409

@@ -87,7 +87,18 @@ async def run(ctx: Context, runner: Runner) -> None:
         "/api/v1/credentials",
         {"role": "operator", "label": "fleet smoke", "clusterId": cluster},
     )
+    binding = f"/api/v1/clusters/{cluster}/binding"
     try:
+        unbound = await ctx.http.call(
+            "PUT",
+            f"{ctx.control_plane}/api/v1/inventory",
+            token=str(issued["secret"]),
+            body=report(cluster),
+        )
+        refused = unbound.status == 403
+        runner.check(AREA, "an unbound cluster's report is refused", refused, unbound.brief())
+        models = [d["servedModelName"] for d in report(cluster)["deployments"]]
+        await admin.expect("PUT", binding, {"servedModels": models, "endpoints": []})
         put = await ctx.http.call(
             "PUT",
             f"{ctx.control_plane}/api/v1/inventory",
@@ -100,6 +111,7 @@ async def run(ctx: Context, runner: Runner) -> None:
         await _phases(ctx, runner, cluster)
         await _reported(ctx, runner)
     finally:
+        await admin.call("DELETE", binding)
         await admin.call("DELETE", f"/api/v1/clusters/{cluster}")
         await admin.call("DELETE", f"/api/v1/credentials/{issued['id']}")
 

@@ -5,9 +5,10 @@ stops the app from being built at all. A guarded call is, in order: authenticate
 checked against the route's policy (403), its path and query checked for NUL and a write's
 body for its ``Content-Type`` (415: a browser's cross-site form or ``text/plain`` fetch cannot be
 one; a write without a body needs none), depth and NUL (400, ``shared.inputs``), then served; a
-write that succeeded is written to the audit trail with the caller's credential id. Handlers
-that read per-tenant data narrow it with ``tenant_scope``; the inventory PUT checks its cluster
-with ``require_cluster``.
+write that succeeded is written to the audit trail with the caller's credential id (and, where the
+policy says ``audit_refusals``, a write the handler refused, with its code and field; a handler
+may name the target with ``request.state.audit_target``). Handlers that read per-tenant data
+narrow it with ``tenant_scope``; the inventory PUT checks its cluster with ``require_cluster``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from starlette.routing import BaseRoute, Route
 from fleet_core.control_plane.auth.service import AuthService, NewEvent
 from fleet_core.control_plane.auth.wire import Principal, Role
 from fleet_core.shared import inputs
-from fleet_core.shared.errors import PermissionDenied, UnsupportedMediaType
+from fleet_core.shared.errors import FleetError, PermissionDenied, UnsupportedMediaType
 
 __all__ = [
     "Policy",
@@ -55,8 +56,11 @@ class Policy:
     action: str | None = None
     """The audit trail's verb for a write (default from the method: POST create …)."""
     audited: bool = True
-    """False only for the operator's inventory heartbeat (a report every 30 s is not a change
-    anyone acted on; each report is kept with the time it was received)."""
+    """Whether a write that succeeded is recorded in the audit trail."""
+    audit_refusals: bool = False
+    """Whether a write the handler refused (a 4xx after authentication) is recorded too, with
+    the error's code and field: the operator's inventory report, where a refusal is a cluster
+    trying to step outside its binding or its clock (ADR 0020)."""
     media: str = "application/json"
     """The Content-Type a write must carry: JSON, or ``application/octet-stream`` for an upload
     of raw bytes (neither is one a cross-site form or a ``text/plain`` fetch can send)."""
@@ -66,9 +70,16 @@ class Policy:
 
 
 def allow(
-    *roles: Role, action: str | None = None, audited: bool = True, media: str = "application/json"
+    *roles: Role,
+    action: str | None = None,
+    audited: bool = True,
+    audit_refusals: bool = False,
+    media: str = "application/json",
 ) -> Policy:
-    return Policy(frozenset(roles), action=action, audited=audited, media=media)
+    return Policy(
+        frozenset(roles), action=action, audited=audited, audit_refusals=audit_refusals,
+        media=media,
+    )  # fmt: skip
 
 
 def audit_detail(request: Request, detail: Mapping[str, Any]) -> None:
@@ -119,7 +130,12 @@ def guard(route: Route, policy: Policy, auth: AuthService) -> Route:
         inputs.check_text(request.query_params.multi_items())
         if request.method in WRITES:
             await _require_body(request, policy.media)
-        response = await endpoint(request)
+        try:
+            response = await endpoint(request)
+        except FleetError as refused:
+            if who is not None and request.method in WRITES and policy.audit_refusals:
+                await _audit(auth, request, who, policy, refused.status, refused=refused)
+            raise
         if who is not None and request.method in WRITES and policy.audited:
             await _audit(auth, request, who, policy, response.status_code)
         return response
@@ -153,16 +169,25 @@ def _require_media(request: Request, wanted: str) -> None:
 
 
 async def _audit(
-    auth: AuthService, request: Request, who: Principal, policy: Policy, status: int
+    auth: AuthService,
+    request: Request,
+    who: Principal,
+    policy: Policy,
+    status: int,
+    *,
+    refused: FleetError | None = None,
 ) -> None:
-    if status >= 400:
+    if status >= 400 and refused is None:
         return
+    action = policy.action or _ACTIONS[request.method]
+    if refused is not None:  # what was refused and where: the code and the field, no values
+        action = f"{action} refused: {refused.code or status} {refused.param or ''}".strip()
     event = NewEvent(
         actor=who.id,
         actor_role=who.role,
-        action=policy.action or _ACTIONS[request.method],
+        action=action[:200],
         method=request.method,
-        target=request.url.path[:1000],
+        target=(getattr(request.state, "audit_target", None) or request.url.path)[:1000],
         status=status,
         request_id=getattr(request.state, "request_id", None),
         detail=getattr(request.state, "audit_detail", None),

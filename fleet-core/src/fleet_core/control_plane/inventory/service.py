@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable
-from datetime import datetime
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 
 import msgspec
 
 from fleet_contract import Endpoint, Engine, InventoryReport
+from fleet_core.control_plane.inventory import bindings
 from fleet_core.shared import endpoints
 from fleet_core.shared.errors import InvalidRequest
 
 __all__ = [
+    "LATE_WINDOW",
     "MAX_COUNT",
+    "MAX_SKEW",
     "ClusterSummary",
     "Decommission",
     "check_bounds",
+    "check_time",
     "endpoints_document",
     "etag",
     "require_interval",
@@ -32,6 +36,13 @@ __all__ = [
 MAX_COUNT = 2**31 - 1
 """The largest count a report may carry: the columns that keep counts are Postgres ``integer``
 (a larger one would fail there, as a 500, instead of here as a 400)."""
+
+
+MAX_SKEW = timedelta(minutes=2)
+"""How far ahead of the control plane's clock a report may be dated (clocks drift a little)."""
+LATE_WINDOW = timedelta(minutes=15)
+"""How far behind the cluster's newest stored report a report may be dated: a retried or queued
+heartbeat arrives late, a month-old one is not a heartbeat."""
 
 
 class ClusterSummary(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -97,6 +108,33 @@ def require_interval(report: InventoryReport, *, max_interval_s: int) -> None:
         )
 
 
+def check_time(
+    report: InventoryReport, *, now: datetime, newest: datetime | None,
+    closed_until: datetime | None,
+) -> None:  # fmt: skip
+    """400 naming ``observedAt`` unless it is at most ``MAX_SKEW`` ahead of ``now``, at most
+    ``LATE_WINDOW`` behind the cluster's newest stored report, and after the last closed cost
+    period (``closed_until``, its end): the time of a report is the cost pool's clock, not the
+    operator's to choose."""
+    at = report.observed_at
+    if at > now + MAX_SKEW:
+        _refuse_time(f"is ahead of the control plane's clock ({now.isoformat()}) by more than"
+                     f" {MAX_SKEW.total_seconds():g} s: check the cluster's clock")  # fmt: skip
+    if newest is not None and at < newest - LATE_WINDOW:
+        _refuse_time(f"is more than {LATE_WINDOW.total_seconds():g} s before the cluster's newest"
+                     f" report ({newest.isoformat()})")  # fmt: skip
+    if closed_until is not None and at < closed_until:
+        _refuse_time(f"falls in a closed cost period (closed until {closed_until.isoformat()})")
+
+
+def _refuse_time(why: str) -> None:
+    raise InvalidRequest(
+        f"observedAt {why}; a report is dated when it is observed",
+        param="observedAt",
+        code="observed_at_out_of_range",
+    )
+
+
 def summarize(report: InventoryReport) -> ClusterSummary:
     by_product: Counter[str] = Counter()
     slices: Counter[str] = Counter()
@@ -122,22 +160,34 @@ def summarize(report: InventoryReport) -> ClusterSummary:
     )
 
 
-def endpoints_document(reports: Iterable[InventoryReport]) -> endpoints.EndpointsDocument:
-    """Ready pod endpoints per served model, merged across clusters, in a stable order."""
-    merged: dict[str, tuple[Engine, dict[str, bool]]] = {}
-    for report in sorted(reports, key=lambda r: r.cluster_id):
+def endpoints_document(
+    reports: Iterable[InventoryReport], bound: Mapping[str, bindings.Binding]
+) -> endpoints.EndpointsDocument:
+    """Ready pod endpoints per served model and cluster, in a stable order: only what each
+    cluster's binding allows *now* (a report accepted under a wider binding loses what the admin
+    has since taken away; a cluster without a binding contributes nothing)."""
+    merged: dict[tuple[str, str], tuple[Engine, dict[str, bool]]] = {}
+    for report in reports:
+        binding = bound.get(report.cluster_id)
+        if binding is None:
+            continue
+        patterns = bindings.parse_patterns(binding.endpoints)
         for deployment in report.deployments:
-            _, urls = merged.setdefault(deployment.served_model_name, (deployment.engine, {}))
+            if deployment.served_model_name not in binding.served_models:
+                continue
+            key = (deployment.served_model_name, report.cluster_id)
+            _, urls = merged.setdefault(key, (deployment.engine, {}))
             for endpoint in deployment.endpoints:
-                if endpoint.ready:
+                if endpoint.ready and bindings.allows_endpoint(patterns, endpoint.url):
                     urls[endpoint.url] = True
     models = tuple(
         endpoints.DiscoveredEndpoints(
             served_model_name=name,
             engine=engine,
             endpoints=tuple(Endpoint(url=u, ready=True) for u in sorted(urls)),
+            cluster_id=cluster,
         )
-        for name, (engine, urls) in sorted(merged.items())
+        for (name, cluster), (engine, urls) in sorted(merged.items())
     )
     return endpoints.EndpointsDocument(models=models)
 

@@ -7,20 +7,36 @@ cost pool, which needs it, requires the database anyway).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
+import msgspec
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from fleet_contract import InventoryReport, decode_report, encode_report
+from fleet_core.control_plane.inventory.bindings import Binding
 from fleet_core.control_plane.inventory.service import total_gpus
 from fleet_core.shared import paging
 
-__all__ = ["InventoryStore", "MemoryInventory", "PostgresInventory"]
+__all__ = ["InventoryStore", "MemoryInventory", "PostgresInventory", "TimeCheck"]
+
+TimeCheck = Callable[[datetime | None, datetime | None], None]
+"""Called inside the save with the cluster's newest stored report time and the end of the last
+closed cost period (each None when there is none); raising refuses the report, nothing saved."""
 
 
 class InventoryStore(Protocol):
-    async def save(self, report: InventoryReport) -> None: ...
+    async def save(self, report: InventoryReport, *, check: TimeCheck) -> None: ...
+
+    async def binding(self, cluster_id: str) -> Binding | None: ...
+
+    async def bindings(self) -> dict[str, Binding]: ...
+
+    async def bind(self, binding: Binding) -> Binding: ...
+
+    async def unbind(self, cluster_id: str) -> bool: ...
 
     async def latest(self) -> list[InventoryReport]: ...
 
@@ -41,9 +57,11 @@ class MemoryInventory:
     def __init__(self) -> None:
         self._latest: dict[str, InventoryReport] = {}
         self._samples: dict[str, dict[datetime, int]] = {}
+        self._bindings: dict[str, Binding] = {}
 
-    async def save(self, report: InventoryReport) -> None:
+    async def save(self, report: InventoryReport, *, check: TimeCheck) -> None:
         current = self._latest.get(report.cluster_id)
+        check(current.observed_at if current else None, None)  # no database: no closed periods
         if current is None or current.observed_at <= report.observed_at:
             self._latest[report.cluster_id] = report
         self._samples.setdefault(report.cluster_id, {})[report.observed_at] = total_gpus(report)
@@ -63,14 +81,28 @@ class MemoryInventory:
     async def decommission(self, cluster_id: str, *, at: datetime) -> bool:
         return self._latest.pop(cluster_id, None) is not None
 
+    async def binding(self, cluster_id: str) -> Binding | None:
+        return self._bindings.get(cluster_id)
+
+    async def bindings(self) -> dict[str, Binding]:
+        return dict(self._bindings)
+
+    async def bind(self, binding: Binding) -> Binding:
+        self._bindings[binding.cluster_id] = binding
+        return binding
+
+    async def unbind(self, cluster_id: str) -> bool:
+        return self._bindings.pop(cluster_id, None) is not None
+
 
 class PostgresInventory:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self._pool = pool
 
-    async def save(self, report: InventoryReport) -> None:
+    async def save(self, report: InventoryReport, *, check: TimeCheck) -> None:
         body = encode_report(report).decode()
         async with self._pool.connection() as conn, conn.transaction():
+            await self._check_time(conn, report.cluster_id, check)
             # An older report arriving late never replaces a newer one.
             await conn.execute(
                 "INSERT INTO inventory_reports (cluster_id, observed_at, report)"
@@ -90,6 +122,70 @@ class PostgresInventory:
                 " AND decommissioned_at < %s",
                 (report.cluster_id, report.observed_at),
             )
+
+    @staticmethod
+    async def _check_time(conn: AsyncConnection[Any], cluster_id: str, check: TimeCheck) -> None:
+        """The bounds' inputs, read under locks so the check holds when the report commits:
+        one report per cluster at a time, and none while a month is being closed (SHARE waits
+        for a close's SHARE ROW EXCLUSIVE, and a close for the reports in flight)."""
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('inventory:' || %s))", (cluster_id,)
+        )
+        await conn.execute("LOCK TABLE cost_periods IN SHARE MODE")
+        cursor = await conn.execute(
+            "SELECT (SELECT observed_at FROM inventory_reports WHERE cluster_id = %s),"
+            " (SELECT to_date(max(period), 'YYYY-MM')::timestamp AT TIME ZONE 'UTC'"
+            " + interval '1 month' FROM cost_periods)",
+            (cluster_id,),
+        )
+        newest, closed_until = await cursor.fetchone() or (None, None)
+        check(newest, closed_until)
+
+    async def binding(self, cluster_id: str) -> Binding | None:
+        found = await self._bindings("WHERE cluster_id = %s", (cluster_id,))
+        return found.get(cluster_id)
+
+    async def bindings(self) -> dict[str, Binding]:
+        return await self._bindings("", ())
+
+    async def _bindings(self, where: str, params: tuple[str, ...]) -> dict[str, Binding]:
+        query = (
+            "SELECT cluster_id, served_models, endpoints, updated_at, updated_by"
+            f" FROM cluster_bindings {where}"
+        )
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(query.encode(), params)
+            rows = await cursor.fetchall()
+        return {
+            r[0]: Binding(
+                cluster_id=r[0],
+                served_models=r[1],
+                endpoints=r[2],
+                updated_at=r[3],
+                updated_by=r[4],
+            )
+            for r in rows
+        }
+
+    async def bind(self, binding: Binding) -> Binding:
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(
+                "INSERT INTO cluster_bindings (cluster_id, served_models, endpoints, updated_by)"
+                " VALUES (%s, %s, %s, %s) ON CONFLICT (cluster_id) DO UPDATE SET"
+                " served_models = excluded.served_models, endpoints = excluded.endpoints,"
+                " updated_by = excluded.updated_by, updated_at = now() RETURNING updated_at",
+                (binding.cluster_id, binding.served_models, binding.endpoints, binding.updated_by),
+            )
+            row = await cursor.fetchone()
+        assert row is not None
+        return msgspec.structs.replace(binding, updated_at=row[0])
+
+    async def unbind(self, cluster_id: str) -> bool:
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(
+                "DELETE FROM cluster_bindings WHERE cluster_id = %s RETURNING 1", (cluster_id,)
+            )
+            return await cursor.fetchone() is not None
 
     async def decommission(self, cluster_id: str, *, at: datetime) -> bool:
         async with self._pool.connection() as conn, conn.transaction():

@@ -32,6 +32,7 @@ def ready_models(document: EndpointsDocument) -> list[DiscoveredModel]:
             m.served_model_name,
             m.engine,
             tuple(e.url.rstrip("/") for e in m.endpoints if e.ready),
+            m.cluster_id,
         )
         for m in document.models
     ]

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fleet_core.gateway.config import EngineKind, GatewayConfig, RoutingPolicy
+from fleet_core.shared import engine_keys
 from fleet_core.shared.errors import InvalidRequest, ModelNotFound, shown
 
 __all__ = ["DiscoveredModel", "Pool", "RoutingTable", "Target", "build_table"]
@@ -85,6 +86,8 @@ class DiscoveredModel:
     name: str
     engine: EngineKind
     urls: tuple[str, ...]
+    cluster_id: str | None = None
+    """The cluster that serves them: its engine key is the one they get (ADR 0020)."""
 
 
 @dataclass
@@ -112,8 +115,9 @@ def build_table(
     config: GatewayConfig, discovered: Iterable[DiscoveredModel] = (), *, engine_key: str = ""
 ) -> RoutingTable:
     """Merge static upstreams and discovered models into one table; same model, one pool.
-    ``engine_key``: what every discovered endpoint is called with (ADR 0010); a URL also
-    declared statically keeps its upstream's key."""
+    ``engine_key``: the fleet engine secret, from which each discovered endpoint gets its own
+    cluster's key and no other (ADR 0020; none without a cluster); a URL also declared
+    statically keeps its upstream's key."""
     drafts: dict[str, _PoolDraft] = {}
     id_to_model = {u.id: u.model for u in config.upstreams}
     for up in config.upstreams:
@@ -126,8 +130,13 @@ def build_table(
     for model in discovered:
         draft = drafts.setdefault(model.name, _PoolDraft(source="discovery"))
         known = {t.url for t in draft.targets}
+        key = (
+            ""
+            if model.cluster_id is None
+            else engine_keys.cluster_key(engine_key, model.cluster_id)
+        )
         draft.targets += [
-            Target(u, model.engine, "discovered", engine_key) for u in model.urls if u not in known
+            Target(u, model.engine, "discovered", key) for u in model.urls if u not in known
         ]
     pools = {name: draft.freeze(name, config.routing.policy) for name, draft in drafts.items()}
     names = {name: name for name in pools}
