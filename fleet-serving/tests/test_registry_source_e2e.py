@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 
 from fleet_testing import processes
+from fleet_testing.bindings import bind_cluster
 from fleet_testing.fix_s3 import S3Server
 from fleet_testing.waiting import eventually
 
@@ -84,7 +85,10 @@ async def register_tiny(control_plane: str, admin_token: str) -> str:
 
 
 async def operate(start_operator: StartOperator, control_plane: str, admin_token: str) -> None:
-    """``fleet-serving run`` for cluster ``test``, on an operator credential of its own."""
+    """``fleet-serving run`` for cluster ``test``, bound to the models these tests apply, on an
+    operator credential of its own."""
+    served = ["tiny", "ghost", "wrong"]
+    await asyncio.to_thread(bind_cluster, control_plane, admin_token, "test", served)
     operator = await credential(control_plane, admin_token, "operator", clusterId="test")
     await start_operator(control_plane, "--resync=1s", "--report-interval=30s", token=operator)
 
