@@ -3,6 +3,7 @@ the ``/api/v1`` calls passed to a real control plane (ADR 0012)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,8 @@ async def test_console_calls_reach_the_control_plane_with_the_callers_credential
     assert created.status_code == 201, created.text
     assert [t["id"] for t in listed.json()["data"]] == ["acme"]
     assert usage.status_code == 200, usage.text
-    assert usage.json()["from"] == "2026-09-01T00:00:00+02:00"
+    # The answer names the same instant (in UTC): the '+' was not read as a space.
+    assert datetime.fromisoformat(usage.json()["from"]) == datetime.fromisoformat(since)
 
 
 async def test_an_unreachable_control_plane_is_a_502_envelope(

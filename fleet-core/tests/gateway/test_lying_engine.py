@@ -18,7 +18,9 @@ import msgspec
 import pytest
 
 from fleet_core.gateway.admission.rate_policy import RatePolicy
+from fleet_core.gateway.edge.prompting import prompt_of
 from fleet_core.gateway.metering import bounds
+from fleet_core.gateway.metering.counting import estimate_tokens
 from fleet_core.gateway.metering.records import UsageRecord
 from fleet_testing.fix_fault_engine import (
     END,
@@ -35,8 +37,10 @@ from .money import envelope, metric
 
 MAX_TOKENS = 1000
 """What `Rig.send` asks for: the completion bound of every request here (one choice)."""
-GATEWAY_PROMPT = 3
-"""The gateway's own count of `MSG` ("hello there", the estimate: 11 characters / 4)."""
+GATEWAY_PROMPT = estimate_tokens(prompt_of("chat", {"messages": MSG})[0])
+"""The gateway's own count of `MSG`: the upper estimate of its roles, keys and text (30)."""
+ANSWER_COUNT = estimate_tokens("fine thanks")
+"""The gateway's own count of the answer every script here sends (12)."""
 PROMPT_CAP = bounds.PROMPT_FACTOR * GATEWAY_PROMPT + bounds.PROMPT_SLACK
 
 
@@ -83,7 +87,9 @@ LIES = {
     "every figure absurd": Lie(
         usage(-1, 10**15, cached=10**15), (0, MAX_TOKENS, 0), ("prompt", "completion", "cached")
     ),
-    "no usage at all": Lie(None, (GATEWAY_PROMPT, 3, 0)),  # the gateway's count of the text
+    "no usage at all": Lie(
+        None, (GATEWAY_PROMPT, ANSWER_COUNT, 0)
+    ),  # the gateway's count of the text
     "an honest engine": Lie(usage(12, 2, cached=4), (12, 2, 4)),
 }
 
