@@ -7,13 +7,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
 
-__all__ = ["CLOSED_WITHIN_S", "Answer", "answer_of", "connect", "envelope", "rss_mb", "send_slowly"]
+__all__ = [
+    "CLOSED_WITHIN_S",
+    "Answer",
+    "answer_of",
+    "connect",
+    "envelope",
+    "rss_mb",
+    "send_slowly",
+    "unfinished_head",
+]
 
 CLOSED_WITHIN_S = 3.0
 """A bound's slack for a loaded machine (two cores shared by several test runs)."""
@@ -56,6 +66,16 @@ async def send_slowly(writer: asyncio.StreamWriter, data: bytes, size: int) -> N
         for start in range(0, len(data), size):
             writer.write(data[start : start + size])
             await writer.drain()
+
+
+async def unfinished_head(url: str, head: bytes, within: float) -> tuple[Answer, float]:
+    """Send ``head`` and never finish it: the answer, and the seconds until the server closed."""
+    reader, writer = await connect(url)
+    started = time.monotonic()
+    writer.write(head)
+    answer = await answer_of(reader, within=within)
+    writer.close()
+    return answer, time.monotonic() - started
 
 
 def rss_mb() -> float:

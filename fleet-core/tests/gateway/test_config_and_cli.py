@@ -115,6 +115,8 @@ def test_cli_refuses_a_bad_config_with_one_line(tmp_path: Path) -> None:
         (("--demo", "--listen", "nowhere"), {}, "not HOST:PORT"),
         (("--demo",), {"FLEET_MAX_BODY_BYTES": "lots"}, "FLEET_MAX_BODY_BYTES"),
         (("--demo",), {"FLEET_LOG_FORMAT": "xml"}, "FLEET_LOG_FORMAT"),
+        (("--demo",), {"FLEET_HTTP_HEAD_TIMEOUT_S": "0"}, "FLEET_HTTP_HEAD_TIMEOUT_S=0 would"),
+        (("--demo",), {"FLEET_HTTP_MAX_HEADERS": "many"}, "FLEET_HTTP_MAX_HEADERS"),
         (("--demo",), {"FLEET_AUTH_REQUIRED": "true"}, "FLEET_API_KEYS is empty"),
         (("--demo",), {"FLEET_API_KEYS": "a/b/c"}, "FLEET_AUTH_REQUIRED is not true"),
         (
@@ -179,6 +181,31 @@ def test_demo_serves_and_sigterm_drains_an_open_stream(server: str) -> None:
     ]
     assert any("stopped" in line["msg"] for line in lines)
     assert any(f"({server})" in line["msg"] for line in lines)  # served by the server asked for
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "hypercorn"])
+def test_the_http_limits_are_read_from_the_environment(server: str) -> None:
+    """FLEET_HTTP_MAX_HEADERS=8 on a real process: twelve fields are a 431, three pass."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet_core.gateway", "--demo", "--listen", f"127.0.0.1:{port}",
+         "--server", server],
+        env={**os.environ, "FLEET_HTTP_MAX_HEADERS": "8"},
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        until_answers(url + "/healthz", proc, what="fleet-gateway")
+        many = {f"X-F{i}": "v" for i in range(12)}
+        with httpx.Client(base_url=url, timeout=10) as http:
+            refused = http.get("/v1/models", headers=many)
+            passed = http.get("/v1/models")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    assert refused.status_code == 431, refused.text
+    assert refused.json()["error"]["code"] == "request_headers_too_large"
+    assert passed.status_code == 200, passed.text
 
 
 def test_a_port_in_use_is_refused_with_one_line() -> None:

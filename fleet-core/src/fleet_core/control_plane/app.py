@@ -43,6 +43,7 @@ from fleet_core.control_plane.tenants.routes import tenants_routes
 from fleet_core.control_plane.usage.routes import usage_routes
 from fleet_core.shared import web
 from fleet_core.shared.errors import NotFound, Unavailable, shown
+from fleet_core.shared.http_limits import HttpLimits
 from fleet_core.shared.settings import LogSettings
 from fleet_core.shared.storage.db import open_pool
 
@@ -73,6 +74,8 @@ class ApiserverSettings:
     unless the database already holds an active admin credential (ADR 0009)."""
     shutdown_grace_s: float = 30.0
     """On SIGTERM, how long in-flight requests may take (FLEET_SHUTDOWN_GRACE_S)."""
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
+    """What a client may send before the app sees it (FLEET_HTTP_*: docs/security.md)."""
     cors_origins: tuple[str, ...] = ()
     """Origins allowed besides loopback ones (FLEET_CORS_ORIGINS)."""
     log: LogSettings = field(default_factory=LogSettings)

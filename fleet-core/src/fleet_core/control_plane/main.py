@@ -17,7 +17,12 @@ from fleet_core.control_plane.registry.settings import registry_settings
 from fleet_core.shared.asgi_server import parse_listen, run, serve_app, stop_on_signals
 from fleet_core.shared.errors import ConfigError
 from fleet_core.shared.logs import setup_logging
-from fleet_core.shared.settings import cors_origins_from_env, log_from_env, shutdown_grace_from_env
+from fleet_core.shared.settings import (
+    cors_origins_from_env,
+    http_limits_from_env,
+    log_from_env,
+    shutdown_grace_from_env,
+)
 from fleet_core.shared.tokens import secret_from_env
 
 __all__ = ["apiserver_main", "apiserver_settings"]
@@ -40,6 +45,7 @@ def apiserver_settings(env: Mapping[str, str], listen: str) -> ApiserverSettings
         database_url=env.get("FLEET_DATABASE_URL") or None,
         admin_token=secret_from_env(env, "FLEET_ADMIN_TOKEN"),
         shutdown_grace_s=shutdown_grace_from_env(env),
+        http_limits=http_limits_from_env(env),
         cors_origins=cors_origins_from_env(env),
         log=log_from_env(env),
         registry=registry_settings(env),
@@ -53,7 +59,13 @@ async def _run_apiserver(settings: ApiserverSettings) -> None:
         app = create_apiserver_app(settings, resources)
         mode = "database" if resources.pool is not None else "no database: inventory only"
         log.info("fleet-apiserver listening on %s (%s)", settings.listen, mode)
-        await serve_app(app, settings.listen, grace_s=settings.shutdown_grace_s, stop=stop)
+        await serve_app(
+            app,
+            settings.listen,
+            grace_s=settings.shutdown_grace_s,
+            stop=stop,
+            limits=settings.http_limits,
+        )
     log.info("fleet-apiserver stopped")
 
 

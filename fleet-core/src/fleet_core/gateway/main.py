@@ -69,6 +69,7 @@ async def _run_gateway(
             stop=stop,
             reuse_port=bool(worker),
             server=server,
+            limits=settings.http_limits,
         )
     if orphaned is not None:
         orphaned.cancel()

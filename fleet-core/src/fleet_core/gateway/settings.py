@@ -17,12 +17,14 @@ from fleet_core.gateway.admission.service import OnStoreError
 from fleet_core.gateway.config import GatewayConfig
 from fleet_core.gateway.console.settings import ConsoleSettings, console_from_env
 from fleet_core.shared.errors import ConfigError
+from fleet_core.shared.http_limits import HttpLimits
 from fleet_core.shared.settings import (
     LogSettings,
     cors_origins_from_env,
     env_choice,
     env_positive_int,
     env_seconds,
+    http_limits_from_env,
     log_from_env,
     shutdown_grace_from_env,
 )
@@ -101,6 +103,8 @@ class GatewaySettings:
     """How often discovery polls; a scale-up reaches routing within about this long."""
     shutdown_grace_s: float = 30.0
     """On SIGTERM, how long in-flight requests may take to finish (FLEET_SHUTDOWN_GRACE_S)."""
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
+    """What a client may send before the app sees it (FLEET_HTTP_*: docs/security.md)."""
     requests_ring: int = 1000
     """How many recent usage records GET /api/v1/requests keeps in memory."""
     log: LogSettings = field(default_factory=LogSettings)
@@ -210,6 +214,7 @@ def from_env(env: Mapping[str, str], config: GatewayConfig) -> GatewaySettings:
         control_plane_token=control_plane_token,
         engine_key=secret_from_env(env, "FLEET_ENGINE_KEY"),
         shutdown_grace_s=shutdown_grace_from_env(env),
+        http_limits=http_limits_from_env(env),
         metrics_flush_s=env_seconds(env, "FLEET_METRICS_FLUSH_S", 1.0),
         log=log_from_env(env),
         admission=admission_from_env(env, database_mode=database is not None),

@@ -28,6 +28,7 @@ import hypercorn.asyncio
 import hypercorn.config
 import uvicorn
 
+from fleet_core.shared import hypercorn_guard
 from fleet_core.shared.errors import ConfigError
 from fleet_core.shared.http_limits import (
     KEEP_ALIVE_DEFAULT_S,
@@ -132,13 +133,12 @@ async def _serve_hypercorn(
     app: object, sock: socket.socket, *, grace_s: float, stop: asyncio.Event, limits: HttpLimits
 ) -> None:
     config = hypercorn.config.Config()
-    config.h11_max_incomplete_size = limits.max_head_bytes  # h11 answers 431 past it
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns (and closes) the socket from here
     config.graceful_timeout = grace_s
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
-    # One timer covers an idle connection and an unfinished head: hypercorn has no separate one.
-    config.keep_alive_timeout = limits.keep_alive_s
+    hypercorn_guard.with_limits(config, limits)  # the head's size and time, the keep-alive
+    hypercorn_guard.install()
     guarded = GuardedApp(app, limits)  # type: ignore[arg-type]
     await hypercorn.asyncio.serve(guarded, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 

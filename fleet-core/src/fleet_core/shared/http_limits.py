@@ -11,9 +11,9 @@ servers we ship bound these in different places (`asgi_server`):
   `HttpLimits.max_headers`, before the rest is buffered), a timer runs from the connection's first
   moment (or a keep-alive request's first byte) to the end of the head, and another from there to
   the end of the body; either one running out answers 408 and closes the connection.
-- hypercorn (h11) refuses a head past ``h11_max_incomplete_size`` with 431 by itself, and closes a
-  connection whose head is unfinished when its keep-alive timer runs out (one timer serves both);
-  `GuardedApp` adds the field count and the body's deadline in front of the app.
+- hypercorn serves each connection with `hypercorn_guard.GuardedTCPServer`, which counts the
+  head's bytes as they are read and times the head the same way; `GuardedApp` adds the field
+  count and the body's deadline in front of the app.
 
 Every refusal is an OpenAI-style envelope, as the app's own errors are.
 """
@@ -30,7 +30,16 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from fleet_core.shared.errors import FleetError, HeadersTooLarge, RequestTimeout
 
-__all__ = ["KEEP_ALIVE_DEFAULT_S", "GuardedApp", "HttpLimits", "uvicorn_protocol"]
+__all__ = [
+    "KEEP_ALIVE_DEFAULT_S",
+    "GuardedApp",
+    "HttpLimits",
+    "answer",
+    "head_ends_within",
+    "too_large",
+    "too_slow",
+    "uvicorn_protocol",
+]
 
 KEEP_ALIVE_DEFAULT_S = 75.0
 """Idle keep-alive: longer than the 60 s idle timeout of common load balancers, so the balancer,
@@ -51,10 +60,10 @@ class HttpLimits:
     body_timeout_s: float = 60.0
     """From the end of the head to the end of the body: a 1 MiB body at 20 KB/s."""
     keep_alive_s: float = KEEP_ALIVE_DEFAULT_S
-    """An idle connection's life between requests (on hypercorn, also an unfinished head's)."""
+    """An idle connection's life between requests."""
 
 
-def _answer(error: FleetError) -> bytes:
+def answer(error: FleetError) -> bytes:
     """A whole HTTP/1.1 answer carrying ``error``'s envelope, closing the connection."""
     body = msgspec.json.encode(error.envelope())
     head = (
@@ -69,17 +78,24 @@ def _answer(error: FleetError) -> bytes:
 _REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
-def _too_large(limits: HttpLimits) -> HeadersTooLarge:
+def too_large(limits: HttpLimits) -> HeadersTooLarge:
     return HeadersTooLarge(
         f"The request's header fields exceed {limits.max_head_bytes} bytes or "
         f"{limits.max_headers} fields."
     )
 
 
-def _too_slow(what: str, seconds: float) -> RequestTimeout:
+def too_slow(what: str, seconds: float) -> RequestTimeout:
     return RequestTimeout(
         f"The request's {what} did not arrive within {seconds:g}s.", headers={"Connection": "close"}
     )
+
+
+def head_ends_within(data: bytes, head_bytes: int, max_head_bytes: int) -> bool:
+    """Whether a head counted at ``head_bytes`` with ``data`` last ends within ``max_head_bytes``
+    in ``data`` (what follows is body or the next request, which the head's count leaves out)."""
+    end = data.find(b"\r\n\r\n")
+    return end != -1 and head_bytes - len(data) + end + 4 <= max_head_bytes
 
 
 def uvicorn_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
@@ -104,8 +120,9 @@ class _GuardedHttpTools(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._in_head:
             self._head_bytes += len(data)
-            if self._head_bytes > self.limits.max_head_bytes and not self._head_ends_in(data):
-                self._refuse(_answer(_too_large(self.limits)))
+            limit = self.limits.max_head_bytes
+            if self._head_bytes > limit and not head_ends_within(data, self._head_bytes, limit):
+                self._refuse(answer(too_large(self.limits)))
                 return
         super().data_received(data)
 
@@ -116,12 +133,6 @@ class _GuardedHttpTools(HttpToolsProtocol):
         else:
             super().send_400_response(msg)
 
-    def _head_ends_in(self, data: bytes) -> bool:
-        """Whether the head ends within the limit in ``data`` (the rest is body or the next
-        request, which the head's count must not include)."""
-        end = data.find(b"\r\n\r\n")
-        return end != -1 and self._head_bytes - len(data) + end + 4 <= self.limits.max_head_bytes
-
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if not self._in_head:  # the next request on a kept-alive connection
@@ -131,7 +142,7 @@ class _GuardedHttpTools(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._fields += 1
         if self._fields > self.limits.max_headers:
-            self._refusal = _answer(_too_large(self.limits))
+            self._refusal = answer(too_large(self.limits))
             raise HeadersTooLarge("too many header fields")  # stops the parser
         super().on_header(name, value)
 
@@ -167,7 +178,7 @@ class _GuardedHttpTools(HttpToolsProtocol):
             what, seconds = ("head", self.limits.head_timeout_s)
             if not self._in_head:
                 what, seconds = ("body", self.limits.body_timeout_s)
-            self._refuse(_answer(_too_slow(what, seconds)))
+            self._refuse(answer(too_slow(what, seconds)))
 
     def _refuse(self, answer: bytes) -> None:
         if self.cycle is not None:
@@ -179,7 +190,7 @@ class _GuardedHttpTools(HttpToolsProtocol):
 class GuardedApp:
     """In front of an app served by hypercorn: 431 past ``max_headers`` fields, and 408 when the
     body has not all arrived ``body_timeout_s`` after the app was called (the head's size and
-    time hypercorn bounds itself)."""
+    time `hypercorn_guard` bounds)."""
 
     def __init__(self, app: ASGIApp, limits: HttpLimits) -> None:
         self.app, self.limits = app, limits
@@ -189,7 +200,7 @@ class GuardedApp:
             await self.app(scope, receive, send)
             return
         if len(scope["headers"]) > self.limits.max_headers:
-            await _send_error(send, _too_large(self.limits))
+            await _send_error(send, too_large(self.limits))
             return
         await self.app(scope, _Deadline(receive, self.limits.body_timeout_s), send)
 
@@ -212,7 +223,7 @@ class _Deadline:
             async with asyncio.timeout(max(left, 0.0)):
                 message = await self._receive()
         except TimeoutError:
-            raise _too_slow("body", self._seconds) from None
+            raise too_slow("body", self._seconds) from None
         if message["type"] != "http.request" or not message.get("more_body", False):
             self._at = None
         return message

@@ -1,4 +1,5 @@
-"""Settings both servers read the same way: logging, CORS origins and the drain on SIGTERM.
+"""Settings both servers read the same way: logging, CORS origins, the drain on SIGTERM and the
+bounds on what a client may send before the app sees it.
 
 Each server keeps its own frozen settings tree (``gateway.settings``, ``control_plane.app``);
 what they share is read here, from a mapping passed in by ``main()``, never from ``os.environ``
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fleet_core.shared.errors import ConfigError
+from fleet_core.shared.http_limits import HttpLimits
 
 __all__ = [
     "LogSettings",
@@ -18,6 +20,7 @@ __all__ = [
     "env_choice",
     "env_positive_int",
     "env_seconds",
+    "http_limits_from_env",
     "log_from_env",
     "shutdown_grace_from_env",
 ]
@@ -78,3 +81,26 @@ def cors_origins_from_env(env: Mapping[str, str]) -> tuple[str, ...]:
 def shutdown_grace_from_env(env: Mapping[str, str]) -> float:
     """On SIGTERM, how long in-flight requests may take to finish (FLEET_SHUTDOWN_GRACE_S)."""
     return env_seconds(env, "FLEET_SHUTDOWN_GRACE_S", 30.0)
+
+
+def http_limits_from_env(env: Mapping[str, str]) -> HttpLimits:
+    """What a client may send before the app sees it (`HttpLimits`): FLEET_HTTP_MAX_HEAD_BYTES,
+    FLEET_HTTP_MAX_HEADERS, FLEET_HTTP_HEAD_TIMEOUT_S, FLEET_HTTP_BODY_TIMEOUT_S and
+    FLEET_HTTP_KEEP_ALIVE_S; each time must be above zero (zero would close every connection)."""
+    default = HttpLimits()
+    times = {}
+    for name, value in (
+        ("FLEET_HTTP_HEAD_TIMEOUT_S", default.head_timeout_s),
+        ("FLEET_HTTP_BODY_TIMEOUT_S", default.body_timeout_s),
+        ("FLEET_HTTP_KEEP_ALIVE_S", default.keep_alive_s),
+    ):
+        times[name] = env_seconds(env, name, value)
+        if times[name] == 0:
+            raise ConfigError(f"{name}=0 would close every connection; set it to e.g. {value:g}")
+    return HttpLimits(
+        max_head_bytes=env_positive_int(env, "FLEET_HTTP_MAX_HEAD_BYTES", default.max_head_bytes),
+        max_headers=env_positive_int(env, "FLEET_HTTP_MAX_HEADERS", default.max_headers),
+        head_timeout_s=times["FLEET_HTTP_HEAD_TIMEOUT_S"],
+        body_timeout_s=times["FLEET_HTTP_BODY_TIMEOUT_S"],
+        keep_alive_s=times["FLEET_HTTP_KEEP_ALIVE_S"],
+    )
