@@ -173,4 +173,3 @@ def running_node(cluster: KubeCluster) -> Iterator[KubeNode]:
         if not kubelet_var_existed:
             shutil.rmtree(kubelet_var, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
-
