@@ -65,6 +65,29 @@ class KubeNode:
             raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
         return done.stdout
 
+    def expose(self, port: int) -> str:
+        """A host process listening on the host's 127.0.0.1:``port``, reachable from pods (and
+        the host) as the returned URL on the node's address."""
+        self.daemons.relay(port, port, address=self.network.node_ip, name=f"relay-{port}")
+        return f"http://{self.network.node_ip}:{port}"
+
+    def container_pid(self, container_id: str) -> int | None:
+        """The host PID of a container's process (``containerd://<id>`` from a pod's status)."""
+        wanted = container_id.removeprefix("containerd://")
+        for line in self.ctr("tasks", "list").splitlines()[1:]:
+            task, pid, state = line.split()[:3]
+            if task == wanted and state == "RUNNING":
+                return int(pid)
+        return None
+
+    def pod_logs(self, namespace: str) -> dict[str, str]:
+        """Every container log of ``namespace``'s pods on this node, by ``pod/container``."""
+        logs = {}
+        for path in sorted(self.files.pod_logs.glob(f"{namespace}_*/*/*.log")):
+            pod = path.parent.parent.name.split("_")[1]
+            logs[f"{pod}/{path.parent.name}/{path.stem}"] = path.read_text(errors="replace")
+        return logs
+
     def logs(self) -> str:
         """The tail of every daemon's log (for a failing test's report)."""
         names = ("containerd", "kubelet", "kube-proxy", "kube-scheduler", "coredns", "relay")

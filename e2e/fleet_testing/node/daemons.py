@@ -42,12 +42,13 @@ class Daemons:
         self.started[name] = process
         return process
 
-    def relay(self, listen: int, target: int) -> None:
-        """The API server's port inside the namespace (:mod:`fleet_testing.node.relay`)."""
+    def relay(self, listen: int, target: int, *, address: str = "127.0.0.1",
+              name: str = "relay") -> None:  # fmt: skip
+        """A host loopback port inside the namespace (:mod:`fleet_testing.node.relay`)."""
         argv = [sys.executable, "-m", "fleet_testing.node.relay", str(self.netns), str(listen),
-                str(target)]  # fmt: skip
+                str(target), address]  # fmt: skip
         env = {"PATH": self.tools.path, "PYTHONPATH": str(E2E)}
-        with (self.logs / "relay.log").open("ab") as log:
+        with (self.logs / f"{name}.log").open("ab") as log:
             process = subprocess.Popen(
                 argv,
                 stdout=subprocess.PIPE,
@@ -56,12 +57,12 @@ class Daemons:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        self.started["relay"] = process
+        self.started[name] = process
         assert process.stdout is not None
         said = process.stdout.readline().strip()
         process.stdout.close()  # it says nothing more
         if said != b"ready":
-            raise RuntimeError(f"the API relay did not start:\n{self.log_tail('relay')}")
+            raise RuntimeError(f"the relay {name} did not start:\n{self.log_tail(name)}")
 
     def check(self) -> None:
         """Raise with its log if a daemon has exited."""

@@ -6,7 +6,10 @@ node's namespace (``setns`` on the one thread, then back), so kubelet, kube-prox
 and CoreDNS reach ``https://127.0.0.1:<port>`` there, and connects out from the host's namespace.
 TLS passes through untouched (the API server's certificate names 127.0.0.1).
 
-    python -m fleet_testing.node.relay NETNS_PATH LISTEN_PORT TARGET_PORT
+    python -m fleet_testing.node.relay NETNS_PATH LISTEN_PORT TARGET_PORT [LISTEN_ADDRESS]
+
+The same relay, listening on the node's address, lets pods reach a host process that listens on
+the host's loopback only (the control plane, for the registry fetch init container).
 """
 
 from __future__ import annotations
@@ -53,12 +56,13 @@ async def _serve(listener: socket.socket, target_port: int) -> None:
 
 def main() -> None:
     netns, listen_port, target_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    address = sys.argv[4] if len(sys.argv) > 4 else "127.0.0.1"
     home = os.open("/proc/self/ns/net", os.O_RDONLY)
     inside = os.open(netns, os.O_RDONLY)
     _setns(inside)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", listen_port))
+    listener.bind((address, listen_port))
     listener.listen(128)
     _setns(home)
     os.close(inside)
