@@ -143,8 +143,8 @@ llama-server:
 # Tests marked e2e (pyproject's addopts leave them out of `make test` and plain pytest): a real
 # llama-server on a real GGUF, built and fetched into the per-user cache first (both steps return
 # at once when cached), and the whole system from `kubectl apply` on the real Kubernetes control
-# plane (make kube) with the kubelet stand-in, and a real node (kubelet + containerd) running the
-# engine image (make engine-image); both need root (docs/e2e.md).
+# plane (make kube) on a real node (kubelet + containerd) running the engine image (make
+# engine-image); it needs root (docs/e2e.md).
 e2e: $(STAMP) llama-server kube engine-image
 	PYTHON=$(PYTHON) e2e/engine/fetch-gemma.sh
 	$(BIN)/pytest -m e2e

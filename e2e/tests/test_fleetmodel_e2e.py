@@ -5,9 +5,9 @@ FleetModel CRD applied from ``deploy/base/crd.yaml`` by kubectl, ``fleet-serving
 plane on the test Postgres, the gateway in database mode on Postgres and Redis with endpoints
 discovered from the operator's inventory, and llama.cpp's ``llama-server`` on Gemma 3 270M, run as
 the operator rendered it on a real node (``fleet_testing.node``) from imported images, after the
-registry fetch init container downloaded and checked the weights from the control plane. The model enters
-the registry air-gapped: ``fleet models import <gguf> --id gemma-3-270m``. The client is the
-official OpenAI SDK with a key of a tenant.
+registry fetch init container downloaded and checked the weights from the control plane. The
+model enters the registry air-gapped: ``fleet models import <gguf> --id gemma-3-270m``. The client
+is the official OpenAI SDK with a key of a tenant.
 
 The tests run in order on one deployment (module-scoped: starting it is most of the time).
 """
