@@ -191,6 +191,12 @@ def namespace(cluster: KubeCluster) -> Iterator[str]:
                     f"{path}/{fm['metadata']['name']}", {"metadata": {"finalizers": None}}
                 )
         cluster.delete(f"/api/v1/namespaces/{name}")
+        # Its pods stop on the node before the next test (the node's own host check among them).
+        eventually_blocking(
+            lambda: not cluster.request("GET", f"/api/v1/namespaces/{name}/pods")["items"],
+            within=90,
+            what=f"the pods of {name} gone",
+        )
 
 
 def secret(cluster: KubeCluster, namespace: str, name: str, key: str, value: str) -> None:

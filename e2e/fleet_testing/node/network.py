@@ -94,8 +94,14 @@ def node_network(tools: Tools, service_cidr: str) -> Iterator[NodeNetwork]:
         _ip(tools, "addr", "add", f"{node_ip}/30", "dev", "eth0", netns=network.netns)
         _ip(tools, "link", "set", "eth0", "up", netns=network.netns)
         _ip(tools, "route", "add", "default", "via", host_ip, netns=network.netns)
-        for cidr in (network.pod_cidr, service_cidr):
-            _ip(tools, "route", "add", cidr, "via", node_ip, "dev", network.host_link)
+        _ip(tools, "route", "add", network.pod_cidr, "via", node_ip, "dev", network.host_link)
+        try:
+            _ip(tools, "route", "add", service_cidr, "via", node_ip, "dev", network.host_link)
+        except subprocess.CalledProcessError as exc:
+            if "File exists" not in exc.stderr:
+                raise
+            # Another node of the same cluster routes its Services already: any node's
+            # kube-proxy serves every ClusterIP.
         yield network
     finally:
         with contextlib.suppress(subprocess.CalledProcessError):
