@@ -90,6 +90,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   sandbox_image = "{PAUSE_IMAGE}"
   # Root here lacks CAP_SYS_RESOURCE: without this runc fails every sandbox on oom_score_adj.
   restrict_oom_score_adj = true
+  # Pods' network namespaces under the state dir, not /run/netns: teardown unmounts them with
+  # everything else under the node's directory, even when the kubelet could not stop a sandbox.
+  netns_mounts_under_state_dir = true
   enable_selinux = false
   [{cri}.containerd]
     snapshotter = "overlayfs"
