@@ -28,7 +28,7 @@ class Daemons:
     def start(
         self, name: str, argv: list[str], *, stdout: int | None = None
     ) -> subprocess.Popen[bytes]:
-        env = {"PATH": self.tools.path, "HOME": "/root", "PYTHONPATH": str(E2E),
+        env = {"PATH": self.tools.path, "HOME": str(Path.home()), "PYTHONPATH": str(E2E),
                "CONTAINERD_NO_SYSTEMD": "1"}  # fmt: skip
         with (self.logs / f"{name}.log").open("ab") as log:
             process = subprocess.Popen(
