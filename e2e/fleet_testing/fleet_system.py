@@ -4,10 +4,13 @@ Every part is a real process, started from code and stopped by its PID: ``fleet-
 (the control plane, on the test Postgres, with a directory object store), ``fleet-serving run``
 (the operator, on the real API server of :mod:`fleet_testing.fix_kube`, watching one namespace),
 ``fleet-gateway`` in database mode (keys and ledger in Postgres, buckets in Redis, endpoints
-discovered from the control plane, the engine key from a file as the mounted Secret), and the
-kubelet stand-in (:mod:`fleet_testing.kubelet`) running the operator's pods — the registry fetch
-init container and llama.cpp's ``llama-server``. Credentials are issued through the control
-plane's API as an administrator would. Nothing of fleet-core is imported (P7 holds here too).
+discovered from the control plane, the engine key from a file as the mounted Secret), and a real
+node (:mod:`fleet_testing.node`: kubelet, containerd, kube-proxy, the scheduler) running the
+operator's pods from imported images — the registry fetch init container (curl) and llama.cpp's
+``llama-server`` (``make engine-image``). The control plane listens on the host's loopback; pods
+reach it through a relay on the node's address, the URL the operator renders for them.
+Credentials are issued through the control plane's API as an administrator would. Nothing of
+fleet-core is imported (P7 holds here too).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import psycopg
 from fleet_testing import databases, processes, servers
 from fleet_testing.bindings import binding_body, cluster_engine_key
 from fleet_testing.fix_kube import KubeCluster
-from fleet_testing.kubelet import Image, Kubelet, running_kubelet
+from fleet_testing.node import KubeNode
 from fleet_testing.ports import free_port
 from fleet_testing.processes import Processes, clean_env
 from fleet_testing.waiting import eventually_blocking, until_answers
@@ -102,7 +105,7 @@ class Fleet:
 
     cluster: KubeCluster
     namespace: str
-    kubelet: Kubelet
+    node: KubeNode
     procs: Processes
     admin: Api
     database_url: str
@@ -159,9 +162,14 @@ class Fleet:
     def logs(self) -> str:
         """The tail of every process's log: the services', and each container's of each pod."""
         parts = [f"--- {name} ---\n{self.procs.log(name)[-4000:]}" for name in self.procs.started]
-        for log in sorted((self.kubelet.workdir / self.namespace).glob("*/logs/*.log")):
-            text = log.read_text(errors="replace")[-3000:]
-            parts.append(f"--- {log.parent.parent.name}/{log.stem} ---\n{text}")
+        for pod in self.pods():
+            name, status = pod["metadata"]["name"], pod.get("status", {})
+            states = [(c["name"], c.get("state"), c.get("lastState"), c.get("restartCount"))
+                      for c in status.get("initContainerStatuses", [])
+                      + status.get("containerStatuses", [])]  # fmt: skip
+            parts.append(f"--- pod {name}: {status.get('phase')} {states}")
+        for name, text in self.node.pod_logs(self.namespace).items():
+            parts.append(f"--- {name} ---\n{text[-3000:]}")
         return "\n".join(parts)
 
 
@@ -186,6 +194,12 @@ def namespace(cluster: KubeCluster) -> Iterator[str]:
                     f"{path}/{fm['metadata']['name']}", {"metadata": {"finalizers": None}}
                 )
         cluster.delete(f"/api/v1/namespaces/{name}")
+        # Its pods stop on the node before the next test (the node's own host check among them).
+        eventually_blocking(
+            lambda: not cluster.request("GET", f"/api/v1/namespaces/{name}/pods")["items"],
+            within=90,
+            what=f"the pods of {name} gone",
+        )
 
 
 def secret(cluster: KubeCluster, namespace: str, name: str, key: str, value: str) -> None:
@@ -220,15 +234,16 @@ def import_model(admin: Api, gguf: Path) -> None:
 
 
 def start_operator(
-    procs: Processes, admin: Api, kubeconfig: Path, namespace: str, workdir: Path
+    procs: Processes, admin: Api, kubeconfig: Path, namespace: str, workdir: Path, pods_url: str
 ) -> None:
+    """The operator, reporting to (and rendering for pods) the control plane at ``pods_url``."""
     credential = admin.credential("operator", clusterId=CLUSTER)
     token = token_file(workdir, "operator-token", credential)
     liveness = f"http://127.0.0.1:{free_port()}/healthz"
     argv = [
         str(BIN / "fleet-serving"),
         "run",
-        f"--report-to={admin.url}",
+        f"--report-to={pods_url}",
         f"--cluster={CLUSTER}",
         f"--report-token-file={token}",
         f"--namespace={namespace}",
@@ -262,23 +277,24 @@ def start_gateway(
 
 @contextlib.contextmanager
 def running_fleet(
-    cluster: KubeCluster,
+    node: KubeNode,
     postgres: servers.Server,
     redis_url: str,
     workdir: Path,
     *,
-    images: dict[str, Image],
+    images: list[Path],
     gguf: Path,
 ) -> Iterator[Fleet]:
-    """Everything of Fleet running against ``cluster``, ``gguf`` imported as :data:`MODEL`, in a
-    namespace of its own watched by the operator; all stopped (and printed logs) at the end."""
+    """Everything of Fleet running against ``node``'s cluster (``images``, archives, imported
+    into the node), ``gguf`` imported as :data:`MODEL`, in a namespace of its own watched by the
+    operator; all stopped (and printed logs) at the end."""
+    cluster = node.cluster
     with contextlib.ExitStack() as stack:
         database_url = stack.enter_context(database(postgres))
         ns = stack.enter_context(namespace(cluster))
         apply_crd(cluster)
-        kubelet = stack.enter_context(
-            running_kubelet(cluster, [ns], images=images, workdir=workdir / "kubelet")
-        )
+        for archive in images:
+            node.import_image(archive)
         procs = stack.enter_context(processes.processes(workdir))
         admin = start_control_plane(procs, database_url, random_token(), workdir / "objects")
         import_model(admin, gguf)
@@ -287,16 +303,17 @@ def running_fleet(
         engine_key = cluster_engine_key(fleet_secret, CLUSTER)
         secret(cluster, ns, "fleet-engine-key", "api-key", engine_key)
         secret(cluster, ns, "fleet-engine-token", "token", admin.credential("engine"))
-        # The kubelet stand-in runs pods on 198.18.N.x (fleet_testing.kubelet).
+        # The cluster may serve the model from its node's pod addresses only.
         admin.call("PUT", f"/api/v1/clusters/{CLUSTER}/binding",
-                   binding_body([MODEL], ["198.18.0.0/15"]))  # fmt: skip
-        start_operator(procs, admin, cluster.kubeconfig, ns, workdir)
+                   binding_body([MODEL], [node.network.pod_cidr]))  # fmt: skip
+        pods_url = node.expose(int(admin.url.rsplit(":", 1)[1].rstrip("/")))
+        start_operator(procs, admin, cluster.kubeconfig, ns, workdir, pods_url)
         key_file = token_file(workdir, "engine-key", fleet_secret)
         gateway = start_gateway(procs, admin, database_url, redis_url, key_file, workdir)
         fleet = Fleet(
             cluster,
             ns,
-            kubelet,
+            node,
             procs,
             admin,
             database_url,
@@ -310,7 +327,6 @@ def running_fleet(
             yield fleet
         finally:
             print(fleet.logs())  # pytest shows it when a test failed
-        assert kubelet.errors == []
 
 
 def apply_crd(cluster: KubeCluster) -> None:

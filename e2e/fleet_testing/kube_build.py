@@ -9,6 +9,11 @@ built from ``go.etcd.io/etcd/server/v3`` at the version upstream requires. The b
 per-user cache keyed by version (``$XDG_CACHE_HOME/fleet/k8s-<version>/``, default ``~/.cache``);
 when they are all there the script exits at once, so ``make test`` calls it every time.
 
+The same build makes a node's parts (:mod:`fleet_testing.node`): kubelet, kube-proxy,
+kube-scheduler and kubectl from the same module, the ``pause`` program (``gcc -static`` of the
+module's own ``build/pause/linux/pause.c``) wrapped as an image archive, and CoreDNS built from
+its Go module at ``COREDNS_VERSION``. Only what is missing is built.
+
     python -m fleet_testing.kube_build        # build if missing, print the directory
 """
 
@@ -24,13 +29,40 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["BINARIES", "KUBE_VERSION", "bin_dir", "build", "missing"]
+from fleet_testing import image_archive
+
+__all__ = [
+    "BINARIES",
+    "CONTROL_PLANE",
+    "COREDNS_VERSION",
+    "KUBE_VERSION",
+    "NODE",
+    "PAUSE_IMAGE",
+    "bin_dir",
+    "build",
+    "missing",
+]
 
 KUBE_VERSION = "v1.37.2"
 """The newest Kubernetes release the Go module proxy served that builds with Go 1.26."""
 
-KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager")
-BINARIES = ("etcd", *KUBE_COMMANDS)
+COREDNS_VERSION = "v1.15.0"
+"""The newest CoreDNS the Go module proxy served; its go.mod asks for Go 1.26."""
+
+PAUSE_IMAGE = "registry.k8s.io/pause:fleet-test"
+"""The sandbox image the node's containerd is told to use; imported from ``pause.tar``."""
+
+KUBE_COMMANDS = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kubelet",
+    "kube-proxy",
+    "kube-scheduler",
+    "kubectl",
+)
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
+NODE = ("kubelet", "kube-proxy", "kube-scheduler", "kubectl", "pause", "pause.tar", "coredns")
+BINARIES = (*CONTROL_PLANE, *NODE)
 _STAGING = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/", re.MULTILINE)
 _ETCD = re.compile(r"^\s*go\.etcd\.io/etcd/server/v3\s+(v\S+)", re.MULTILINE)
 
@@ -40,8 +72,8 @@ def bin_dir(version: str = KUBE_VERSION) -> Path:
     return Path(cache) / "fleet" / f"k8s-{version}"
 
 
-def missing(version: str = KUBE_VERSION) -> list[str]:
-    return [name for name in BINARIES if not (bin_dir(version) / name).is_file()]
+def missing(version: str = KUBE_VERSION, names: tuple[str, ...] = BINARIES) -> list[str]:
+    return [name for name in names if not (bin_dir(version) / name).is_file()]
 
 
 def _go(*args: str, cwd: Path) -> str:
@@ -69,18 +101,26 @@ def _wrapper_gomod(version: str, upstream: str) -> str:
     )
 
 
-def _build_kube(version: str, workdir: Path, out: Path) -> str:
+def _version_ldflags(version: str) -> str:
+    """The version the binaries report (a kubelet's ``nodeInfo.kubeletVersion``), which
+    upstream's own build stamps in the same way."""
+    major, minor = version.removeprefix("v").split(".")[:2]
+    stamp = {"gitVersion": version, "gitMajor": major, "gitMinor": minor,
+             "gitTreeState": "clean"}  # fmt: skip
+    return " ".join(
+        f"-X {package}.{name}={value}"
+        for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+        for name, value in stamp.items()
+    )
+
+
+def _build_kube(version: str, workdir: Path, out: Path, commands: list[str]) -> str:
     upstream = _upstream_gomod(version, workdir)
     (workdir / "go.mod").write_text(_wrapper_gomod(version, upstream))
-    for command in KUBE_COMMANDS:
-        _go(
-            "build",
-            "-trimpath",
-            "-o",
-            str(out / command),
-            f"k8s.io/kubernetes/cmd/{command}",
-            cwd=workdir,
-        )
+    if commands:  # one go build for all of them: the shared packages compile once
+        packages = [f"k8s.io/kubernetes/cmd/{command}" for command in commands]
+        _go("build", "-trimpath", "-ldflags", _version_ldflags(version), "-o", f"{out}/",
+            *packages, cwd=workdir)  # fmt: skip
     found = _ETCD.search(upstream)
     if found is None:
         raise SystemExit(f"k8s.io/kubernetes {version} names no go.etcd.io/etcd/server/v3 version")
@@ -93,20 +133,52 @@ def _build_etcd(etcd_version: str, workdir: Path, out: Path) -> None:
     _go("build", "-trimpath", "-o", str(out / "etcd"), "go.etcd.io/etcd/server/v3", cwd=workdir)
 
 
+def _build_pause(version: str, workdir: Path, out: Path) -> None:
+    """The sandbox's pause program from the module's own C source, static, as an image."""
+    if shutil.which("gcc") is None:
+        raise SystemExit("kube_build: no gcc to build pause: install the Debian package gcc")
+    info = json.loads(_go("mod", "download", "-json", f"k8s.io/kubernetes@{version}", cwd=workdir))
+    source = Path(info["Dir"]) / "build" / "pause" / "linux" / "pause.c"
+    subprocess.run(
+        ["gcc", "-Os", "-static", f"-DVERSION={version}-fleet", "-o", str(out / "pause"),
+         str(source)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    image_archive.write(
+        out / "pause.tar",
+        PAUSE_IMAGE,
+        {"pause": (out / "pause").read_bytes()},
+        entrypoint=["/pause"],
+    )
+
+
+def _build_coredns(workdir: Path, out: Path) -> None:
+    requirement = f"require github.com/coredns/coredns {COREDNS_VERSION}\n"
+    (workdir / "go.mod").write_text(f"module fleet.test/dnsbuild\n\ngo 1.26\n\n{requirement}")
+    _go("build", "-trimpath", "-o", str(out / "coredns"), "github.com/coredns/coredns", cwd=workdir)
+
+
 def build(version: str = KUBE_VERSION) -> Path:
     """Build whatever binary is missing into ``bin_dir(version)``; return that directory."""
     target = bin_dir(version)
-    if not missing(version):
+    absent = missing(version)
+    if not absent:
         return target
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fleet-kube-") as tmp:
         staging = Path(tmp) / "out"
-        (Path(tmp) / "kube").mkdir()
-        (Path(tmp) / "etcd").mkdir()
+        for part in ("kube", "etcd", "dns"):
+            (Path(tmp) / part).mkdir()
         staging.mkdir()
-        etcd_version = _build_kube(version, Path(tmp) / "kube", staging)
-        _build_etcd(etcd_version, Path(tmp) / "etcd", staging)
-        for name in BINARIES:
+        commands = [name for name in KUBE_COMMANDS if name in absent]
+        etcd_version = _build_kube(version, Path(tmp) / "kube", staging, commands)
+        if "etcd" in absent:
+            _build_etcd(etcd_version, Path(tmp) / "etcd", staging)
+        if "pause" in absent or "pause.tar" in absent:
+            _build_pause(version, Path(tmp) / "kube", staging)
+        if "coredns" in absent:
+            _build_coredns(Path(tmp) / "dns", staging)
+        for name in absent:
             shutil.move(staging / name, target / name)
     return target
 

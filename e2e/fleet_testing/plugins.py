@@ -27,6 +27,7 @@ PLUGINS = (
     "fix_auth",
     "fix_fault_engine",
     "fix_kube",
+    "fix_node",
     "fix_postgres",
     "fix_proxy",
     "fix_redis",

@@ -8,4 +8,6 @@ from fleet_testing import plugins
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    plugins.load(config, "fix_auth", "fix_postgres", "fix_redis", "fix_proxy", "fix_kube")
+    plugins.load(
+        config, "fix_auth", "fix_postgres", "fix_redis", "fix_proxy", "fix_kube", "fix_node"
+    )

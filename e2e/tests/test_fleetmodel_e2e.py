@@ -4,17 +4,19 @@ All real, on one machine: etcd, kube-apiserver and kube-controller-manager (``ma
 FleetModel CRD applied from ``deploy/base/crd.yaml`` by kubectl, ``fleet-serving run``, the control
 plane on the test Postgres, the gateway in database mode on Postgres and Redis with endpoints
 discovered from the operator's inventory, and llama.cpp's ``llama-server`` on Gemma 3 270M, run as
-the operator rendered it by the kubelet stand-in (``fleet_testing.kubelet``), after the registry
-fetch init container downloaded and checked the weights from the control plane. The model enters
-the registry air-gapped: ``fleet models import <gguf> --id gemma-3-270m``. The client is the
-official OpenAI SDK with a key of a tenant.
+the operator rendered it on a real node (``fleet_testing.node``) from imported images, after the
+registry fetch init container downloaded and checked the weights from the control plane. The
+model enters the registry air-gapped: ``fleet models import <gguf> --id gemma-3-270m``. The client
+is the official OpenAI SDK with a key of a tenant.
 
 The tests run in order on one deployment (module-scoped: starting it is most of the time).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -26,9 +28,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from fleet_testing import engines, generation, servers
-from fleet_testing.fix_kube import KubeCluster
 from fleet_testing.fleet_system import FM_NAME, MODEL, Fleet, running_fleet
-from fleet_testing.kubelet import fleet_images
+from fleet_testing.node import KubeNode
 from fleet_testing.waiting import eventually_blocking
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -66,15 +67,15 @@ spec:
 
 @pytest.fixture(scope="module")
 def fleet(
-    kube_cluster: KubeCluster,
+    kube_node: KubeNode,
     postgres_server: servers.Server,
     redis_url: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Fleet]:
-    images = dict(fleet_images(engines.llama_server_binary()))
+    images = [engines.engine_image_archive()]
     workdir = tmp_path_factory.mktemp("fleet")
     with running_fleet(
-        kube_cluster, postgres_server, redis_url, workdir, images=images, gguf=engines.gemma_gguf()
+        kube_node, postgres_server, redis_url, workdir, images=images, gguf=engines.gemma_gguf()
     ) as system:
         yield system
 
@@ -105,17 +106,18 @@ def test_kubectl_apply_brings_the_fleetmodel_to_ready(fleet: Fleet) -> None:
     assert engine["args"][:2] == ["--model", "/models/gemma-3-270m-q4_k_m.gguf"]
     assert engine["args"][-len(ENGINE_ARGS) :] == ENGINE_ARGS
     ip = pod["status"]["podIP"]
-    # The process: the operator's args with /models and 0.0.0.0 mapped to the pod's own directory
-    # and address, the key from the Secret in its environment and never in its argv.
-    process = fleet.kubelet.process(fleet.namespace, pod["metadata"]["name"], "engine")
-    assert process is not None
-    argv = Path(f"/proc/{process.pid}/cmdline").read_bytes().split(b"\0")
-    model = Path(argv[argv.index(b"--model") + 1].decode())
-    assert model.name == "gemma-3-270m-q4_k_m.gguf"
-    assert model.stat().st_size > 200_000_000
-    assert argv[argv.index(b"--host") + 1].decode() == ip
+    # The container's process: the operator's exact args (the model in the pod's volume, seen
+    # through the container's root), the key from the Secret in its environment, never in argv.
+    pid = engine_pid(fleet, pod)
+    assert pid is not None
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[0] == b"/app/llama-server"
+    model = argv[argv.index(b"--model") + 1].decode()
+    assert model == "/models/gemma-3-270m-q4_k_m.gguf"
+    assert Path(f"/proc/{pid}/root{model}").stat().st_size > 200_000_000
+    assert argv[argv.index(b"--host") + 1] == b"0.0.0.0"
     assert fleet.engine_key.encode() not in b" ".join(argv)
-    environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert f"LLAMA_API_KEY={fleet.engine_key}".encode() in environ
     eventually_blocking(
         lambda: fleet.endpoints() == [f"http://{ip}:8080"], what="the endpoint reported", within=60
@@ -232,6 +234,13 @@ def engine_status(pod: dict[str, Any]) -> dict[str, Any]:
     return dict(status)
 
 
+def engine_pid(fleet: Fleet, pod: dict[str, Any]) -> int | None:
+    """The host PID of the pod's running engine container."""
+    name = pod["metadata"]["name"]
+    current = fleet.cluster.get(f"/api/v1/namespaces/{fleet.namespace}/pods/{name}") or pod
+    return fleet.node.container_pid(engine_status(current).get("containerID", ""))
+
+
 def kill_when_streaming(fleet: Fleet, stream: Any, killed: dict[str, Any]) -> None:
     """Read the stream; after three text frames, SIGKILL the engine generating it."""
     received = 0
@@ -239,10 +248,9 @@ def kill_when_streaming(fleet: Fleet, stream: Any, killed: dict[str, Any]) -> No
         received += bool(chunk.choices and chunk.choices[0].delta.content)
         if received == 3 and not killed:
             (killed["pod"],) = [p for p in fleet.pods() if processing(fleet, p)]
-            name = killed["pod"]["metadata"]["name"]
-            process = fleet.kubelet.process(fleet.namespace, name, "engine")
-            assert process is not None
-            process.kill()
+            pid = engine_pid(fleet, killed["pod"])
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_frame_and_comes_back(
@@ -284,7 +292,7 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_frame_and_com
             )
         }
     )
-    # The stand-in restarts the engine in the same pod; it is ready and routed to again.
+    # The kubelet restarts the engine in the same pod; it is ready and routed to again.
     restarted = eventually_blocking(
         lambda: [
             p
@@ -306,10 +314,8 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_frame_and_com
 
 
 def test_deleting_the_fleetmodel_takes_its_endpoints_out_of_routing(fleet: Fleet) -> None:
-    processes = [
-        fleet.kubelet.process(fleet.namespace, p["metadata"]["name"], "engine")
-        for p in fleet.pods()
-    ]
+    pids = [engine_pid(fleet, p) for p in fleet.pods()]
+    assert all(pids)
     fleet.kubectl("delete", "fm", FM_NAME, "--timeout=120s")
     eventually_blocking(
         lambda: fleet.endpoints() == [] or None,
@@ -325,4 +331,4 @@ def test_deleting_the_fleetmodel_takes_its_endpoints_out_of_routing(fleet: Fleet
         with pytest.raises(openai.NotFoundError):
             short_chat(client)
     eventually_blocking(lambda: not fleet.pods(), what="the pods gone", within=60)
-    assert all(p is not None and p.poll() is not None for p in processes)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # the engines stopped

@@ -1,0 +1,3 @@
+module fleet.test/testapp
+
+go 1.22
