@@ -5,7 +5,7 @@ started with that cluster's key, ``HMAC-SHA256(secret, cluster id)`` in hex, whi
 cluster's ``fleet-engine-key`` Secrets hold. So the gateway sends cluster c1's key only to the
 endpoints c1's binding admitted, and whoever holds c1's key (its operator, its engines, anyone
 who reads its Secrets) opens c1's engines and no other cluster's. A deployment derives a key with
-the standard library, the secret on stdin rather than argv (deploy/k3s-bootstrap.sh)::
+the standard library, the secret on stdin rather than argv (deploy/install.sh)::
 
     python3 -c 'import hashlib, hmac, sys
     print(hmac.new(sys.stdin.read().encode(), sys.argv[1].encode(), hashlib.sha256).hexdigest())' c1
