@@ -13,7 +13,8 @@
 #   FLEET_MODELS_NAMESPACE where FleetModels go (default: default): labelled for the NetworkPolicy,
 #                          given the cluster's engine key and the engine credential
 #   KUBECTL                the kubectl command (default: kubectl; k3s-bootstrap: k3s kubectl)
-#   FLEET_APISERVER_URL    the control plane as this machine reaches it; unset, a port-forward
+#   FLEET_APISERVER_URL    the control plane as this machine reaches it; unset, a port-forward;
+#                          `clusterip`: its Service's address (from a node)
 #
 # Every Secret is created only when missing, from stdin (never argv, where `ps` would show it):
 #   1. fleet-system/fleet-admin-token (random); without fleet-system/fleet-core, one holding a
@@ -74,7 +75,9 @@ k -n fleet-system rollout status deployment/fleet-apiserver --timeout=300s >/dev
 
 # 3. Credentials, issued by the control plane itself with the admin token.
 api="${FLEET_APISERVER_URL:-}"
-if [[ -z $api ]]; then  # a port-forward, which a NetworkPolicy does not stop
+if [[ $api == clusterip ]]; then
+  api="http://$(k -n fleet-system get svc fleet-apiserver -o jsonpath='{.spec.clusterIP}'):8081"
+elif [[ -z $api ]]; then  # a port-forward, which a NetworkPolicy does not stop
   k -n fleet-system port-forward svc/fleet-apiserver 18081:8081 >/dev/null 2>&1 &
   forward=$!
   trap 'kill "$forward" 2>/dev/null || true' EXIT

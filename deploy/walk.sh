@@ -14,11 +14,12 @@
 #   FLEET_WALK_GPUS        step 6: gpusPerReplica (default 1; 0 runs llama.cpp on the CPU and
 #                          drops runtimeClassName)
 #   FLEET_WALK_GATEWAY     step 7: the gateway's URL from this machine (default http://localhost,
-#                          k3s's Traefik)
+#                          k3s's Traefik; `clusterip`: its Service's address, from a node)
 #   FLEET_CLUSTER_ID, FLEET_POD_CIDR   the cluster's id and pod network (default k3s, 10.42.0.0/16)
 #   FLEET_DATABASE_URL, FLEET_REDIS_URL   step 4: the control plane's Postgres and the gateways'
 #                          Redis, as pods reach them (required for step 4)
-#   FLEET_APISERVER_URL    the control plane from this machine; unset, a port-forward
+#   FLEET_APISERVER_URL    the control plane from this machine; unset, a port-forward;
+#                          `clusterip`: its Service's address, from a node
 #   KUBECTL, FLEET_CLI     the kubectl and fleet commands (default: kubectl, fleet)
 set -euo pipefail
 
@@ -35,7 +36,11 @@ say() { echo "walk: $*" >&2; }
 k() { "${kubectl[@]}" "$@"; }
 forward=""
 API="${FLEET_APISERVER_URL:-}"
+cluster_ip() {  # service, port: its ClusterIP URL
+  echo "http://$(k -n fleet-system get svc "$1" -o jsonpath='{.spec.clusterIP}'):$2"
+}
 open_api() {  # the control plane from this machine: FLEET_APISERVER_URL, else a port-forward
+  if [[ ${FLEET_APISERVER_URL:-} == clusterip ]]; then API="$(cluster_ip fleet-apiserver 8081)"; fi
   if [[ -n ${FLEET_APISERVER_URL:-} ]]; then return; fi
   if [[ -n $forward ]] && curl -sf "$API/healthz" >/dev/null; then return; fi
   close_api
@@ -122,6 +127,7 @@ YAML
 step7() {  # a key and a chat completion, then the request in the ledger
   local key answer
   open_api
+  if [[ $gateway == clusterip ]]; then gateway="$(cluster_ip fleet-gateway 8080)"; fi
   call POST /api/v1/tenants '{"id": "walk", "name": "Walk"}' >/dev/null || true
   call POST /api/v1/projects '{"tenantId": "walk", "name": "default"}' >/dev/null || true
   key="$(call POST /api/v1/keys '{"projectId": "walk/default", "label": "walk"}' \

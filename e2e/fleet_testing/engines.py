@@ -25,7 +25,14 @@ from pathlib import Path
 from fleet_testing import servers
 from fleet_testing.ports import free_port
 
-__all__ = ["LlamaServer", "gemma_gguf", "llama_server_binary", "running_llama_server"]
+__all__ = [
+    "LlamaServer",
+    "engine_image_archive",
+    "fleet_images_archive",
+    "gemma_gguf",
+    "llama_server_binary",
+    "running_llama_server",
+]
 
 ENGINE_SCRIPTS = Path(__file__).resolve().parents[1] / "engine"
 START_TIMEOUT_S = 120.0
@@ -123,3 +130,19 @@ def running_llama_server(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def fleet_images_archive() -> Path:
+    """The fleet-core and fleet-serving images ``make image`` writes (``make e2e`` builds them
+    first), as the archive a node imports."""
+    version = next(
+        line.split('"')[1]
+        for line in (ENGINE_SCRIPTS.parents[1] / "fleet-core" / "pyproject.toml")
+        .read_text()
+        .splitlines()
+        if line.startswith("version = ")
+    )
+    archive = ENGINE_SCRIPTS.parents[1] / "build" / f"fleet-images-{version}.tar"
+    if not archive.is_file():
+        raise servers.StartError(f"no {archive.name} in build/: run `make image` first")
+    return archive
