@@ -75,3 +75,13 @@ def test_a_record_bills_the_gateway_count_no_further_than_reserved() -> None:
     lied = msgspec.structs.replace(record, engine=EngineUsage(-5, 10**12, 7))
     assert lied.billed_tokens() == (0, 100, 0)
     assert lied.out_of_bounds == ("prompt", "completion", "cached")
+
+
+def test_the_body_is_walked_only_for_a_figure_past_the_counts_own_bound() -> None:
+    """An honest engine's figure costs no walk of the body; a larger one gets the body's
+    uncounted parts added, as the cap it is held to."""
+    body = {"messages": [], "tools": [{"x": "y" * 3000}]}
+    counted_cap = bounds.PROMPT_FACTOR * 10 + bounds.PROMPT_SLACK
+    assert bounds.prompt_cap(10, body, reported=counted_cap) == counted_cap
+    assert bounds.prompt_cap(10, body, reported=counted_cap + 1) > counted_cap + 3000
+    assert bounds.prompt_cap(10, body, reported=-5) == bounds.prompt_cap(10, body)
