@@ -104,14 +104,17 @@ def uvicorn_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
 
 
 class _GuardedHttpTools(HttpToolsProtocol):
+    """Timers are armed only when a request is left unfinished by the data that arrived: a
+    request whose head and body come in one read (the usual case) costs no timer at all."""
+
     limits: ClassVar[HttpLimits]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._in_head, self._head_bytes, self._fields = True, 0, 0
+        self._in_head, self._in_body, self._head_bytes = True, False, 0
         self._refusal: bytes | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._arm(self.limits.head_timeout_s)
+        self._arm(self.limits.head_timeout_s)  # a connection that never sends a byte
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -125,6 +128,11 @@ class _GuardedHttpTools(HttpToolsProtocol):
                 self._refuse(answer(too_large(self.limits)))
                 return
         super().data_received(data)
+        if self._timer is None and not self.transport.is_closing():
+            if self._in_body:
+                self._arm(self.limits.body_timeout_s)  # from the end of the head
+            elif self._in_head and self._head_bytes:
+                self._arm(self.limits.head_timeout_s)  # from the head's first read
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a parser error: ours when a field count stopped the parser."""
@@ -133,25 +141,19 @@ class _GuardedHttpTools(HttpToolsProtocol):
         else:
             super().send_400_response(msg)
 
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        if not self._in_head:  # the next request on a kept-alive connection
-            self._in_head, self._head_bytes, self._fields = True, 0, 0
-            self._arm(self.limits.head_timeout_s)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._fields += 1
-        if self._fields > self.limits.max_headers:
+    def on_headers_complete(self) -> None:
+        # The head is at most max_head_bytes, so counting its fields once it is whole holds
+        # no more memory than counting each as it comes (and costs no call per field).
+        if len(self.headers) > self.limits.max_headers:
             self._refusal = answer(too_large(self.limits))
             raise HeadersTooLarge("too many header fields")  # stops the parser
-        super().on_header(name, value)
-
-    def on_headers_complete(self) -> None:
-        self._in_head = False
-        self._arm(self.limits.body_timeout_s)
+        self._in_head, self._in_body = False, True
+        self._disarm()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
+        # The next request's head is counted (and timed) from its first read.
+        self._in_head, self._in_body, self._head_bytes = True, False, 0
         self._disarm()
         super().on_message_complete()
 
@@ -168,7 +170,7 @@ class _GuardedHttpTools(HttpToolsProtocol):
         self._timer = None
         if self.transport.is_closing():
             return
-        started = self._in_head and self._head_bytes > 0
+        started = self._in_body or self._head_bytes > 0
         answered = self.cycle is not None and self.cycle.response_started
         if self._in_head and not started:
             self.transport.close()  # connected, sent nothing: nobody to answer

@@ -17,6 +17,7 @@ limits (`with_limits` was not called: the stub engine's server) is served as hyp
 from __future__ import annotations
 
 import asyncio
+import logging
 from ssl import SSLError
 
 import hypercorn.asyncio.run
@@ -34,6 +35,8 @@ from fleet_core.shared.http_limits import (
 )
 
 __all__ = ["GuardedTCPServer", "install", "with_limits"]
+
+log = logging.getLogger("fleet.server")
 
 _ATTRIBUTE = "fleet_http_limits"
 
@@ -62,6 +65,11 @@ class GuardedTCPServer(TCPServer):
             self._arm(self._limits)
         try:
             await super().run()
+        except asyncio.CancelledError:
+            # The shutdown grace ran out with this connection open: hypercorn cancels its task,
+            # and on Python 3.11 asyncio's stream callback logs that as an error with a
+            # traceback. The drain did what it was told: one line, as on uvicorn.
+            log.info("a connection was cancelled: the shutdown grace ran out before it finished")
         finally:
             self._disarm()
 

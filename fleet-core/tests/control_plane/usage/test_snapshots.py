@@ -14,6 +14,7 @@ from fleet_core.control_plane.usage import store as usage
 from fleet_core.gateway.ledger import store as ledger
 from fleet_core.gateway.metering.records import EngineUsage, GatewayCount, UsageRecord
 from fleet_core.shared.storage.migrations import apply_migrations
+from fleet_testing.records import usage_record
 
 HOUR = datetime(2026, 9, 1, 11, tzinfo=UTC)
 EDGES = (
@@ -27,22 +28,13 @@ BATCHES = 40
 
 def _record(n: int, done: datetime, *, counted: int = 11) -> UsageRecord:
     at = done.timestamp()
-    return UsageRecord(
+    return usage_record(
         request_id=f"r{n}",
-        kind="chat",
-        model="m",
-        served_model="m",
         endpoint="http://e:1",
-        status=200,
-        outcome="ok",
-        stream=False,
         received_at=at - 1,
-        first_byte_at=None,
         done_at=at,
         engine=EngineUsage(10, 5, 0),
         gateway=GatewayCount(counted, 5, "estimate:chars/4"),
-        tenant="acme",
-        project="chat",
     )
 
 

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleet_core.gateway.metering import bounds
-from fleet_core.gateway.metering.records import EngineUsage, GatewayCount, UsageRecord
+from fleet_core.gateway.metering.records import EngineUsage, GatewayCount
+from fleet_testing.records import usage_record
 
 claims = st.integers(-(2**64), 2**64)
 caps = st.none() | st.integers(0, 10**9)
@@ -55,18 +56,9 @@ def test_what_the_count_leaves_out_widens_the_prompt_bound() -> None:
 def test_a_record_bills_the_gateway_count_no_further_than_reserved() -> None:
     """No engine usage: the relayed text's count, but an engine that ignored max_tokens cannot
     bill past what was reserved."""
-    record = UsageRecord(
-        request_id="r",
-        kind="chat",
-        model="m",
-        served_model="m",
-        endpoint="http://engine",
-        status=200,
-        outcome="ok",
+    record = usage_record(
         stream=True,
-        received_at=1.0,
         first_byte_at=2.0,
-        done_at=3.0,
         engine=None,
         gateway=GatewayCount(5, 900, "estimate"),
         completion_cap=100,
@@ -75,3 +67,13 @@ def test_a_record_bills_the_gateway_count_no_further_than_reserved() -> None:
     lied = msgspec.structs.replace(record, engine=EngineUsage(-5, 10**12, 7))
     assert lied.billed_tokens() == (0, 100, 0)
     assert lied.out_of_bounds == ("prompt", "completion", "cached")
+
+
+def test_the_body_is_walked_only_for_a_figure_past_the_counts_own_bound() -> None:
+    """An honest engine's figure costs no walk of the body; a larger one gets the body's
+    uncounted parts added, as the cap it is held to."""
+    body = {"messages": [], "tools": [{"x": "y" * 3000}]}
+    counted_cap = bounds.PROMPT_FACTOR * 10 + bounds.PROMPT_SLACK
+    assert bounds.prompt_cap(10, body, reported=counted_cap) == counted_cap
+    assert bounds.prompt_cap(10, body, reported=counted_cap + 1) > counted_cap + 3000
+    assert bounds.prompt_cap(10, body, reported=-5) == bounds.prompt_cap(10, body)

@@ -15,26 +15,16 @@ from prometheus_client.samples import Sample
 
 from fleet_core.gateway.metering.metrics import GatewayMetrics
 from fleet_core.gateway.metering.records import EngineUsage, GatewayCount, UsageRecord
+from fleet_testing.records import usage_record
 
 KEY_ID = "kid_7Hq2xZr9PwLs"
 FULL_KEY = f"acme/search/{KEY_ID}"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
-BASE = UsageRecord(
-    request_id="req-1",
-    kind="chat",
+BASE = usage_record(
     model="llama-3-8b",
     served_model="llama-3-8b-instruct",
-    endpoint="http://engine-0:8000",
-    status=200,
-    outcome="ok",
-    stream=False,
-    received_at=1000.0,
-    first_byte_at=None,
-    done_at=1000.4,
-    engine=EngineUsage(prompt_tokens=12, completion_tokens=30),
     gateway=GatewayCount(prompt_tokens=12, completion_tokens=30, method="tokenizer"),
-    tenant="acme",
     project="search",
     key_id=KEY_ID,
 )

@@ -388,7 +388,11 @@ class GatewayService:
             tenant=principal.tenant,
             project=principal.project,
             key_id=principal.key_id,
-            prompt_cap=bounds.prompt_cap(exchange.prompt_tokens, exchange.request.body),
+            prompt_cap=bounds.prompt_cap(
+                exchange.prompt_tokens,
+                exchange.request.body,
+                None if engine is None else engine.prompt_tokens,
+            ),
             completion_cap=self._completion_reserve(exchange.request),
         )
         rates = self._admission.rates(record.served_model)

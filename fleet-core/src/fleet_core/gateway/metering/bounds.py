@@ -57,10 +57,15 @@ def completion_cap(max_tokens: int, sequences: int) -> int:
     return max_tokens * sequences
 
 
-def prompt_cap(counted: int, body: dict[str, Any]) -> int:
+def prompt_cap(counted: int, body: dict[str, Any], reported: int | None = None) -> int:
     """The most prompt tokens an engine may bill for a request whose prompt the gateway counted
-    as ``counted``, given the request ``body`` (for what the count leaves out)."""
-    return PROMPT_FACTOR * counted + PROMPT_SLACK + _uncounted(body)
+    as ``counted``, given the request ``body`` (for what the count leaves out). With the
+    engine's ``reported`` figure within the count's own bound, the body is not walked: that
+    bound already holds the figure (every request pays this, most with an honest engine)."""
+    counted_cap = PROMPT_FACTOR * counted + PROMPT_SLACK
+    if reported is not None and 0 <= reported <= counted_cap:
+        return counted_cap
+    return counted_cap + _uncounted(body)
 
 
 def _uncounted(body: dict[str, Any]) -> int:

@@ -62,8 +62,9 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel", dic
     client_request_id: str | None = None
     """The client's own ``X-Request-Id``, kept for its reference; not unique, never a key."""
     prompt_cap: int | None = None
-    """The most prompt tokens the engine's usage may bill (`bounds.prompt_cap`); None: no bound
-    but 0 (records spooled before bounds were kept)."""
+    """The most prompt tokens the engine's usage may bill (`bounds.prompt_cap`: the bound of the
+    gateway's own count when the engine's figure is within it, else with the body's uncounted
+    parts added); None: no bound but 0 (records spooled before bounds were kept)."""
     completion_cap: int | None = None
     """The most completion tokens it may bill: what was reserved (`bounds.completion_cap`)."""
 
