@@ -31,8 +31,8 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 overlay="${FLEET_OVERLAY:?set FLEET_OVERLAY to the overlay to apply, e.g. deploy/overlays/k3s}"
-cluster="${FLEET_CLUSTER_ID:?set FLEET_CLUSTER_ID to this cluster's id, e.g. k3s}"
-pods="${FLEET_POD_CIDR:?set FLEET_POD_CIDR to the cluster's pod network, e.g. 10.42.0.0/16}"
+cluster="${FLEET_CLUSTER_ID:?set FLEET_CLUSTER_ID to the id of this cluster, e.g. k3s}"
+pods="${FLEET_POD_CIDR:?set FLEET_POD_CIDR to the pod network of the cluster, e.g. 10.42.0.0/16}"
 models="${FLEET_MODELS_NAMESPACE:-default}"
 read -r -a kubectl <<<"${KUBECTL:-kubectl}"
 

@@ -12,6 +12,7 @@ already imported), 4, 5, 6 and 7.
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +22,6 @@ import pytest
 
 from fleet_testing import databases, engines, servers
 from fleet_testing.node import KubeNode
-from fleet_testing.processes import random_token
 
 pytestmark = pytest.mark.e2e
 
@@ -39,12 +39,13 @@ def pods_database(kube_node: KubeNode, postgres_server: servers.Server) -> Itera
         yield url.replace(host_port, relay)
 
 
+@pytest.mark.timeout(1500)
 def test_the_walk_runs_on_the_test_node(
     kube_node: KubeNode, pods_database: str, tmp_path: Path
 ) -> None:
     for archive in (engines.fleet_images_archive(), engines.engine_image_archive()):
         kube_node.import_image(archive)
-    redis_password = random_token()
+    redis_password = secrets.token_hex(16)
     kube_node.kubectl("apply", "-f", str(ROOT / "deploy" / "base" / "namespace.yaml"))
     kube_node.kubectl("-n", "fleet-system", "create", "secret", "generic", "fleet-redis",
                       "--from-file=redis.conf=/dev/stdin",
@@ -68,11 +69,14 @@ def test_the_walk_runs_on_the_test_node(
         "FLEET_WALK_GATEWAY": "clusterip",  # no ingress: the node routes the host to Services
         "FLEET_APISERVER_URL": "clusterip",
     }
-    walk = subprocess.run([str(ROOT / "deploy" / "walk.sh")], env=env, capture_output=True,
-                          text=True, timeout=1200, check=False)  # fmt: skip
+    log = tmp_path / "walk.log"
+    with log.open("w") as out:
+        walk = subprocess.run([str(ROOT / "deploy" / "walk.sh")], env=env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=1200, check=False)  # fmt: skip
+    said = log.read_text()
     if walk.returncode != 0:
         logs = "\n".join(
             f"--- {k}\n{v[-3000:]}" for k, v in kube_node.pod_logs("fleet-system").items()
         )
-        pytest.fail(f"walk.sh failed ({walk.returncode}):\n{walk.stderr[-4000:]}\n{logs}")
-    assert "walk: 7: the request is in the ledger" in walk.stderr
+        pytest.fail(f"walk.sh failed ({walk.returncode}):\n{said[-4000:]}\n{logs}")
+    assert "walk: 7: the request is in the ledger" in said
