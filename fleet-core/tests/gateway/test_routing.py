@@ -149,6 +149,11 @@ async def test_health_marks_down_and_readmits(
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "no_ready_endpoint"
         assert (await http.get(f"{gw.url}/readyz")).status_code == 503
+        # A Kubernetes probe leaves the shared endpoints out: this replica still answers.
+        replica = await http.get(f"{gw.url}/readyz", params={"exclude": "endpoints"})
+        assert (replica.status_code, replica.json()["status"]) == (200, "ready")
+        typo = await http.get(f"{gw.url}/readyz", params={"exclude": "endpoint"})
+        assert (typo.status_code, typo.json()["error"]["param"]) == (400, "exclude")
     app.state.healthy = True
     await asyncio.sleep(0.3)
     assert (await state())["state"] == "ready"

@@ -24,7 +24,7 @@ from fleet_core.gateway.exchange.service import PATHS, ClientLeft, Exchange, Gat
 from fleet_core.gateway.metering.metrics import GatewayMetrics
 from fleet_core.gateway.metering.records import RingSink, UsageRecord
 from fleet_core.shared import paging, web
-from fleet_core.shared.errors import FleetError, PayloadTooLarge
+from fleet_core.shared.errors import FleetError, InvalidRequest, PayloadTooLarge
 
 __all__ = ["error_response", "gateway_routes", "read_body", "receive_body"]
 
@@ -181,13 +181,26 @@ class _Endpoints:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        """503 while the gateway could not serve: no ready endpoint, admission down, or the
-        ledger writer stopped (records would pile up in memory, unwritten)."""
-        problems = [] if self.router.any_ready() else ["no ready endpoint"]
-        if admission_problem := await self.admission.ready():
-            problems.append(admission_problem)
-        if sink_problem := self.sink_problem():
-            problems.append(sink_problem)
+        """503 while the gateway could not serve: no ready endpoint (check ``endpoints``),
+        admission down (``admission``), or the ledger writer stopped (``ledger``: records would
+        pile up in memory, unwritten). As kube-apiserver's, ``?exclude=NAME`` (repeatable) leaves
+        a check out: a Kubernetes readiness probe excludes ``endpoints``, which every replica
+        shares, so a fleet with no model up still answers its clients with an envelope."""
+        excluded = set(request.query_params.getlist("exclude"))
+        if unknown := excluded - READY_CHECKS:
+            raise InvalidRequest(
+                f"unknown readiness check {sorted(unknown)[0]!r}; the checks are "
+                + ", ".join(sorted(READY_CHECKS)),
+                param="exclude",
+            )
+        checks: dict[str, str | None] = {}
+        if "endpoints" not in excluded:
+            checks["endpoints"] = None if self.router.any_ready() else "no ready endpoint"
+        if "admission" not in excluded:
+            checks["admission"] = await self.admission.ready()
+        if "ledger" not in excluded:
+            checks["ledger"] = self.sink_problem()
+        problems = [problem for problem in checks.values() if problem]
         body: dict[str, Any] = {"status": "; ".join(problems) or "ready"}
         if await self.viewers.sees_all(request.headers.get("authorization")):
             body["upstreams"] = self.router.describe()
@@ -214,6 +227,8 @@ class _Endpoints:
         return Response(body, headers={"Content-Type": content_type})
 
 
+READY_CHECKS = frozenset({"endpoints", "admission", "ledger"})
+"""What ``/readyz`` checks, each one a name ``?exclude=`` may leave out."""
 RECENT = 1000
 """The most records ``/api/v1/requests`` looks at (and its largest page)."""
 
