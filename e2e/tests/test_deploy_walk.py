@@ -75,8 +75,6 @@ def test_the_walk_runs_on_the_test_node(
                               stderr=subprocess.STDOUT, timeout=1200, check=False)  # fmt: skip
     said = log.read_text()
     if walk.returncode != 0:
-        logs = "\n".join(
-            f"--- {k}\n{v[-3000:]}" for k, v in kube_node.pod_logs("fleet-system").items()
-        )
-        pytest.fail(f"walk.sh failed ({walk.returncode}):\n{said[-4000:]}\n{logs}")
+        report = kube_node.report(("fleet-system", "default"))
+        pytest.fail(f"walk.sh failed ({walk.returncode}):\n{said[-4000:]}\n{report}")
     assert "walk: 7: the request is in the ledger" in said

@@ -14,6 +14,7 @@ fix_kube leaves off would), kube-proxy (iptables), the scheduler and CoreDNS beh
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import subprocess
 import tempfile
@@ -87,6 +88,26 @@ class KubeNode:
             pod = path.parent.parent.name.split("_")[1]
             logs[f"{pod}/{path.parent.name}/{path.stem}"] = path.read_text(errors="replace")
         return logs
+
+    def report(self, namespaces: tuple[str, ...]) -> str:
+        """What a failing test shows: pods and events of ``namespaces``, and the tail of each
+        container's log, the previous run's of a restarted one too (kubectl logs --previous)."""
+        parts = [self.kubectl("get", "pods", "-A", "-o", "wide", check=False)]
+        for namespace in namespaces:
+            parts.append(self.kubectl("-n", namespace, "get", "events", "--sort-by=.lastTimestamp",
+                                      check=False)[-4000:])  # fmt: skip
+            for name, text in self.pod_logs(namespace).items():
+                parts.append(f"--- {name}\n{text[-3000:]}")
+            pods = json.loads(self.kubectl("-n", namespace, "get", "pods", "-o", "json"))
+            for pod in pods["items"]:
+                name = pod["metadata"]["name"]
+                for status in pod.get("status", {}).get("containerStatuses", []):
+                    if status.get("restartCount"):
+                        container = status["name"]
+                        said = self.kubectl("-n", namespace, "logs", "--previous", "-c",
+                                            container, name, check=False)  # fmt: skip
+                        parts.append(f"--- {name}/{container} (previous)\n{said[-3000:]}")
+        return "\n".join(parts)
 
     def logs(self) -> str:
         """The tail of every daemon's log (for a failing test's report)."""
