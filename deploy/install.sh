@@ -10,8 +10,12 @@
 #   FLEET_CLUSTER_ID       this cluster's id: the operator's --cluster, its credential's scope and
 #                          its engine key's input (required)
 #   FLEET_POD_CIDR         the cluster's pod network: the endpoint addresses it is bound to (required)
-#   FLEET_MODELS_NAMESPACE where FleetModels go (default: default): labelled for the NetworkPolicy,
-#                          given the cluster's engine key and the engine credential
+#   FLEET_MODELS_NAMESPACE where FleetModels go (default: fleet-models, which deploy/base ships):
+#                          labelled for the NetworkPolicy, given the cluster's engine key and the
+#                          engine credential. The operator may write only where the overlay binds
+#                          its role and passes --namespace, so another namespace must be in the
+#                          overlay first (deploy/README.md, "Another models namespace"): without
+#                          that, install.sh refuses before changing anything
 #   KUBECTL                the kubectl command (default: kubectl; k3s-bootstrap: k3s kubectl)
 #   FLEET_APISERVER_URL    the control plane as this machine reaches it; unset, a port-forward;
 #                          `clusterip`: its Service's address (from a node)
@@ -33,7 +37,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 overlay="${FLEET_OVERLAY:?set FLEET_OVERLAY to the overlay to apply, e.g. deploy/overlays/k3s}"
 cluster="${FLEET_CLUSTER_ID:?set FLEET_CLUSTER_ID to the id of this cluster, e.g. k3s}"
 pods="${FLEET_POD_CIDR:?set FLEET_POD_CIDR to the pod network of the cluster, e.g. 10.42.0.0/16}"
-models="${FLEET_MODELS_NAMESPACE:-default}"
+models="${FLEET_MODELS_NAMESPACE:-fleet-models}"
 read -r -a kubectl <<<"${KUBECTL:-kubectl}"
 
 say() { echo "install: $*" >&2; }
@@ -42,8 +46,27 @@ random() { openssl rand -hex 32; }
 missing() { ! k -n "$1" get secret "$2" >/dev/null 2>&1; }
 store() { k -n "$1" create secret generic "$2" --from-file="${3:-token}"=/dev/stdin >/dev/null; }
 
+# 0. The models namespace must be one the overlay lets the operator write to and watch: a
+# RoleBinding of fleet-serving-models there, and --namespace=<it> on the operator.
+bound_and_watched() {
+  k kustomize "$overlay" | awk -v ns="$1" '
+    function end_doc() { if (binding && here && role) bound = 1; binding = here = role = 0 }
+    /^---$/ { end_doc(); next }
+    $0 == "kind: RoleBinding" { binding = 1 }
+    $0 == "  namespace: " ns { here = 1 }
+    $0 == "  name: fleet-serving-models" { role = 1 }
+    $0 ~ ("^ *- --namespace=" ns "$") { watched = 1 }
+    END { end_doc(); exit !(bound && watched) }'
+}
+if ! bound_and_watched "$models"; then
+  say "FLEET_MODELS_NAMESPACE=$models: $overlay does not bind the operator there and pass" \
+    "--namespace=$models; add both in an overlay (deploy/README.md, Another models namespace)"
+  exit 1
+fi
+
 # 1. Secrets deploy/ ships no default for.
 k apply -f "$here/base/namespace.yaml" >/dev/null
+k get namespace "$models" >/dev/null 2>&1 || k create namespace "$models" >/dev/null
 k label --overwrite namespace "$models" serving.fleet.dev/models=true >/dev/null
 if missing fleet-system fleet-admin-token; then random | store fleet-system fleet-admin-token; fi
 engine_secret="$(k -n fleet-system get secret fleet-engine-key -o jsonpath='{.data.api-key}' \

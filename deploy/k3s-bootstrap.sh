@@ -56,4 +56,4 @@ KUBECTL="k3s kubectl" FLEET_OVERLAY="$here/overlays/k3s" FLEET_CLUSTER_ID=k3s \
 echo "k3s-bootstrap: done. Try: kubectl get fm -A; curl http://localhost/v1/models -H \"Authorization: Bearer \$KEY\""
 echo "k3s-bootstrap: without FLEET_DATABASE_URL the control plane keeps credentials in memory;"
 echo "  after it restarts, delete fleet-operator-token, fleet-gateway-token, fleet-metrics-token"
-echo "  and default/fleet-engine-token and run this again (or give it a database)."
+echo "  and fleet-models/fleet-engine-token and run this again (or give it a database)."

@@ -13,6 +13,7 @@
 #   FLEET_WALK_MODEL       its registry id and served model name (default: gemma-3-270m)
 #   FLEET_WALK_GPUS        step 6: gpusPerReplica (default 1; 0 runs llama.cpp on the CPU and
 #                          drops runtimeClassName)
+#   FLEET_MODELS_NAMESPACE step 6: the FleetModel's namespace (default fleet-models, as install.sh)
 #   FLEET_WALK_GATEWAY     step 7: the gateway's URL from this machine (default http://localhost,
 #                          k3s's Traefik; `clusterip`: its Service's address, from a node)
 #   FLEET_CLUSTER_ID, FLEET_POD_CIDR   the cluster's id and pod network (default k3s, 10.42.0.0/16)
@@ -110,7 +111,7 @@ step6() {  # the FleetModel (its served name bound to the cluster first: ADR 002
   k apply -f - >/dev/null <<YAML
 apiVersion: serving.fleet.dev/v1alpha1
 kind: FleetModel
-metadata: {name: ${model//./-}, namespace: ${FLEET_MODELS_NAMESPACE:-default}}
+metadata: {name: ${model//./-}, namespace: ${FLEET_MODELS_NAMESPACE:-fleet-models}}
 spec:
   servedModelName: $model
   source: {registry: $model}
@@ -120,7 +121,7 @@ spec:
   gpusPerReplica: $gpus
   $runtime
 YAML
-  k -n "${FLEET_MODELS_NAMESPACE:-default}" wait "fleetmodel/${model//./-}" \
+  k -n "${FLEET_MODELS_NAMESPACE:-fleet-models}" wait "fleetmodel/${model//./-}" \
     --for=jsonpath='{.status.phase}'=Ready --timeout=600s >/dev/null
 }
 

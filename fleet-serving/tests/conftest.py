@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -336,6 +337,16 @@ def fleet_crd(kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactor
     wait = [*base, "wait", established, "--timeout=30s", "crd/fleetmodels.serving.fleet.dev"]
     subprocess.run(wait, check=True, capture_output=True)
     return kube_cluster
+
+
+@pytest.fixture
+def account_namespace(kube_cluster: KubeCluster) -> Iterator[str]:
+    """A second namespace of the test's own on the real API server, standing for
+    ``fleet-system``: where the operator's ServiceAccount lives (``shipped_rbac``)."""
+    name = f"s-{secrets.token_hex(4)}"
+    kube_cluster.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    yield name
+    kube_cluster.delete(f"/api/v1/namespaces/{name}")
 
 
 @pytest.fixture(params=["kmock", "real"])

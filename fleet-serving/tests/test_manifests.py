@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
+import os
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from fleet_serving import crd, rendering
 from fleet_serving.applying import drifted
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-KUBECTL = shutil.which("kubectl")
+from .shipped import CLUSTER_GRANTS, DEPLOY, MODELS_GRANTS, kustomize, rendered_rbac
 
 
 def test_committed_crd_matches_the_code() -> None:
@@ -55,14 +53,6 @@ def test_the_crd_schema_is_structural_with_validation_and_columns() -> None:
     assert manifest["spec"]["scope"] == "Namespaced"
 
 
-def kustomize(path: Path) -> list[dict[str, Any]]:
-    if KUBECTL is None:
-        pytest.fail("kubectl (with kustomize) is needed to check deploy/")
-    out = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True, text=True,
-                         check=True, timeout=60).stdout  # fmt: skip
-    return [doc for doc in yaml.safe_load_all(out) if doc]
-
-
 @pytest.mark.parametrize("where", ["base", "overlays/k3s"])
 def test_kustomize_builds(where: str) -> None:
     objects = kustomize(DEPLOY / where)
@@ -73,6 +63,8 @@ def test_kustomize_builds(where: str) -> None:
     assert ("Service", "fleet-gateway") in kinds
     assert ("Service", "fleet-apiserver") in kinds
     assert ("ClusterRole", "fleet-serving") in kinds
+    assert ("ClusterRole", "fleet-serving-models") in kinds
+    assert ("Namespace", "fleet-models") in kinds
     (built_crd,) = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
     assert not drifted(crd.crd_manifest()["spec"], built_crd["spec"])
     gateway = next(o for o in objects if o["kind"] == "Deployment" and
@@ -80,16 +72,98 @@ def test_kustomize_builds(where: str) -> None:
     assert gateway["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
 
 
-def test_rbac_grants_only_what_the_operator_uses() -> None:
-    (role,) = [o for o in kustomize(DEPLOY / "base") if o["kind"] == "ClusterRole"]
-    grants = {(g, r): set(rule["verbs"]) for rule in role["rules"]
-              for g in rule["apiGroups"] for r in rule["resources"]}  # fmt: skip
-    assert "secrets" not in {r for _, r in grants}
-    assert grants[("", "nodes")] == {"list", "watch"}
-    assert grants[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}
-    assert "delete" not in set().union(*grants.values())  # ownerReferences do the deleting
-    # blockOwnerDeletion under OwnerReferencesPermissionEnforcement needs this.
-    assert grants[("serving.fleet.dev", "fleetmodels/finalizers")] == {"update"}
+def grants(role: dict[str, Any]) -> dict[str, frozenset[str]]:
+    """A role's rules as resource[.group][/subresource] → verbs, as ``kubectl auth can-i --list``
+    names them (:mod:`shipped`)."""
+    found: dict[str, frozenset[str]] = {}
+    for rule in role["rules"]:
+        assert not rule.get("resourceNames"), rule
+        assert not rule.get("nonResourceURLs"), rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                plural, _, sub = resource.partition("/")
+                name = (f"{plural}.{group}" if group else plural) + (f"/{sub}" if sub else "")
+                found[name] = found.get(name, frozenset()) | frozenset(rule["verbs"])
+    return found
+
+
+def test_rbac_grants_only_the_reviewed_list() -> None:
+    """Two ClusterRoles: the cluster-wide one bound by a ClusterRoleBinding, the namespaced one
+    only by RoleBindings, each in a namespace the operator is told to watch."""
+    rbac = rendered_rbac()
+    roles = {r["metadata"]["name"]: r for r in rbac["ClusterRole"]}
+    assert roles.keys() == {"fleet-serving", "fleet-serving-models"}
+    assert grants(roles["fleet-serving"]) == CLUSTER_GRANTS
+    assert grants(roles["fleet-serving-models"]) == MODELS_GRANTS
+    (account,) = rbac["ServiceAccount"]
+    subject = {"kind": "ServiceAccount", "name": "fleet-serving", "namespace": "fleet-system"}
+    assert account["metadata"]["name"] == subject["name"]
+    assert account["metadata"]["namespace"] == subject["namespace"]
+    (cluster_binding,) = rbac["ClusterRoleBinding"]
+    assert cluster_binding["roleRef"]["name"] == "fleet-serving"
+    assert cluster_binding["subjects"] == [subject]
+    (binding,) = rbac["RoleBinding"]
+    assert binding["metadata"]["namespace"] == "fleet-models"
+    assert binding["roleRef"]["kind"] == "ClusterRole"
+    assert binding["roleRef"]["name"] == "fleet-serving-models"
+    assert binding["subjects"] == [subject]
+    pairs = {(name, verb) for name, verbs in (MODELS_GRANTS | CLUSTER_GRANTS).items()
+             for verb in verbs}  # fmt: skip
+    assert not {"delete", "deletecollection", "*"} & {v for _, v in pairs}  # owner refs delete
+    assert {n for n, v in pairs if v == "update"} == {"fleetmodels.serving.fleet.dev/finalizers"}
+    assert not {n for n, _ in pairs if n.startswith(("secrets", "*"))}
+
+
+def watched_and_bound(objects: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
+    """The operator's ``--namespace``s, and the namespaces with a RoleBinding of its role."""
+    pod = deployment_of(objects, "fleet-serving")["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert "--all-namespaces" not in args
+    watched = {a.removeprefix("--namespace=") for a in args if a.startswith("--namespace=")}
+    bound = {o["metadata"]["namespace"] for o in objects if o["kind"] == "RoleBinding"
+             and o["roleRef"]["name"] == "fleet-serving-models"}  # fmt: skip
+    return watched, bound
+
+
+def assert_models_namespace(objects: list[dict[str, Any]], name: str) -> None:
+    """Labelled for the NetworkPolicies, Pod Security's restricted profile enforced (it bounds
+    what the operator's Deployments may run), and the engines' NetworkPolicy in it."""
+    (namespace,) = [o for o in objects if o["kind"] == "Namespace" and
+                    o["metadata"]["name"] == name]  # fmt: skip
+    labels = namespace["metadata"]["labels"]
+    assert labels["serving.fleet.dev/models"] == "true"
+    for mode in ("enforce", "audit", "warn"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted"
+    assert any(o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "fleet-engines" and
+               o["metadata"]["namespace"] == name for o in objects)  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["base", "overlays/k3s", "overlays/test-node"])
+def test_the_operator_watches_exactly_the_bound_namespaces(where: str) -> None:
+    """A namespace it watches without a RoleBinding would be refused; one bound but not watched
+    would hold a grant nothing uses."""
+    objects = kustomize(DEPLOY / where)
+    assert watched_and_bound(objects) == ({"fleet-models"}, {"fleet-models"})
+    assert_models_namespace(objects, "fleet-models")
+
+
+def test_the_readme_adds_a_models_namespace_as_it_says(tmp_path: Path) -> None:
+    """deploy/README.md's "Another models namespace" overlay, built: one more RoleBinding and
+    one more --namespace, and nothing else about the operator changes."""
+    readme = (DEPLOY / "README.md").read_text()
+    section = readme.split("## Another models namespace", 1)[1].split("\n## ", 1)[0]
+    kustomization, extra = re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)
+    k3s = os.path.relpath(DEPLOY / "overlays" / "k3s", tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(kustomization.replace("../k3s", k3s))
+    (tmp_path / "team-a.yaml").write_text(extra)
+    objects = kustomize(tmp_path)
+    assert watched_and_bound(objects) == ({"fleet-models", "team-a"},) * 2
+    assert_models_namespace(objects, "team-a")
+
+    def cluster_wide(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+
+    assert cluster_wide(objects) == cluster_wide(kustomize(DEPLOY / "overlays" / "k3s"))
 
 
 def test_k3s_overlay_changes_what_it_says() -> None:
