@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from fleet_contract import ModelWeights, WeightFile
 from fleet_serving import profiles, rendering
 from fleet_serving.errors import InvalidSpec
+from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import decode_spec
 
 OWNER = rendering.Owner(name="qwen", namespace="models", uid="uid-1")
@@ -260,3 +262,63 @@ def test_vllm_gets_no_llama_server_cap() -> None:
     s = spec()
     args = container(rendering.deployment(OWNER, s, profiles.check(s)))["args"]
     assert "--n-predict" not in args
+
+
+def _registry_spec() -> Any:
+    return spec(engine="llamacpp", weightFormat="gguf", gpusPerReplica=0,
+                source={"registry": "gemma"})  # fmt: skip
+
+
+REGISTRY = RegistryWeights(
+    control_plane="http://cp:8081/",
+    weights=ModelWeights(model_id="gemma", status="Ready", format="gguf",
+                         files=(WeightFile(path="m.gguf", size=4, sha256="a" * 64),)),
+)  # fmt: skip
+HARDENING = [
+    pytest.param(spec(), None, 0, id="vllm"),
+    pytest.param(spec(engine="llamacpp", weightFormat="gguf", gpusPerReplica=0,
+                      source={"uri": "s3://models/m.gguf"}), None, 1, id="llamacpp-s3"),
+    pytest.param(_registry_spec(), REGISTRY, 1, id="registry"),
+]  # fmt: skip
+
+
+def pod_of(s: Any, registry: RegistryWeights | None = None) -> dict[str, Any]:
+    return dict(
+        rendering.deployment(OWNER, s, profiles.check(s), registry)["spec"]["template"]["spec"]
+    )
+
+
+@pytest.mark.parametrize(("s", "registry", "inits"), HARDENING)
+def test_pods_meet_pod_security_restricted(
+    s: Any, registry: RegistryWeights | None, inits: int
+) -> None:
+    pod = pod_of(s, registry)
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }  # fmt: skip
+    assert len(pod.get("initContainers", [])) == inits
+    for c in pod["containers"] + pod.get("initContainers", []):
+        assert c["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+        }, c["name"]
+
+
+@pytest.mark.parametrize(("s", "registry", "inits"), HARDENING)
+def test_a_read_only_root_leaves_every_container_a_writable_home_and_tmp(
+    s: Any, registry: RegistryWeights | None, inits: int
+) -> None:
+    pod = pod_of(s, registry)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes == {
+        "models": {"name": "models", "emptyDir": {}},
+        "shm": {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        "tmp": {"name": "tmp", "emptyDir": {}},
+    }
+    for c in pod["containers"] + pod.get("initContainers", []):
+        assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"], c["name"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["HOME"] == "/tmp"
+        assert env["USER"]  # torch's getpass.getuser() with no passwd entry for the uid
