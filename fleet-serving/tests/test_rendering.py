@@ -288,6 +288,20 @@ def pod_of(s: Any, registry: RegistryWeights | None = None) -> dict[str, Any]:
     )
 
 
+def qos_class(pod: dict[str, Any]) -> str:
+    """The QoS class Kubernetes gives ``pod`` (its rules, over CPU and memory)."""
+    every = pod["containers"] + pod.get("initContainers", [])
+    named = [(c.get("resources", {}), kind) for c in every for kind in ("cpu", "memory")]
+    if not any(r.get("requests", {}).get(k) or r.get("limits", {}).get(k) for r, k in named):
+        return "BestEffort"
+
+    def pinned(resources: dict[str, Any], kind: str) -> bool:
+        limit = resources.get("limits", {}).get(kind)
+        return limit is not None and resources.get("requests", {}).get(kind, limit) == limit
+
+    return "Guaranteed" if all(pinned(r, k) for r, k in named) else "Burstable"
+
+
 @pytest.mark.parametrize(("s", "registry", "inits"), HARDENING)
 def test_pods_meet_pod_security_restricted(
     s: Any, registry: RegistryWeights | None, inits: int
@@ -322,3 +336,34 @@ def test_a_read_only_root_leaves_every_container_a_writable_home_and_tmp(
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env["HOME"] == "/tmp"
         assert env["USER"]  # torch's getpass.getuser() with no passwd entry for the uid
+
+
+@pytest.mark.parametrize(
+    ("s", "registry", "engine", "init"),
+    [
+        (spec(), None, {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"}, None),
+        (_registry_spec(), REGISTRY, {"cpu": "500m", "memory": "1Gi"},
+         {"cpu": "100m", "memory": "256Mi"}),
+    ],
+)  # fmt: skip
+def test_pods_without_resources_get_engine_requests_and_are_burstable(
+    s: Any, registry: RegistryWeights | None, engine: dict[str, str], init: dict[str, str] | None
+) -> None:
+    pod = pod_of(s, registry)
+    resources = pod["containers"][0]["resources"]
+    assert resources["requests"] == engine
+    assert set(resources.get("limits", {})) <= {"nvidia.com/gpu"}  # requests are floors only
+    if init is not None:
+        assert pod["initContainers"][0]["resources"] == {"requests": init}
+    assert qos_class(pod) == "Burstable"
+
+
+def test_resources_the_user_names_are_not_defaulted() -> None:
+    s = spec(resources={"requests": {"cpu": "16"}, "limits": {"memory": "4Gi"}})
+    resources = pod_of(s)["containers"][0]["resources"]
+    # No memory request: one above the user's 4Gi limit would be refused, and Kubernetes makes
+    # the request equal to the limit anyway.
+    assert resources == {
+        "requests": {"cpu": "16", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "4Gi", "nvidia.com/gpu": "1"},
+    }

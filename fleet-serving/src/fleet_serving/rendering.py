@@ -42,6 +42,9 @@ SCRATCH_DIR = "/tmp"
 """An emptyDir in every container, and its ``HOME``: the root filesystem is read-only, and
 engines write caches under ``~`` (vLLM: ``~/.cache``, ``~/.config``, triton and torch's compile
 caches) and temporary files (the fetch script's ``mktemp``)."""
+FETCH_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
+"""An init container's requests: a copier streaming to disk (``aws s3 cp``'s multipart buffers,
+curl) needs little, and what it needs is reserved before the engine's."""
 
 
 def _pod_security() -> Obj:
@@ -124,9 +127,15 @@ def gpu_affinity(minimum: tuple[int, int]) -> Obj:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
 
 
-def _resources(spec: FleetModelSpec) -> Obj:
+def _resources(spec: FleetModelSpec, profile: EngineProfile) -> Obj:
+    """The user's requests and limits; a CPU or memory named in neither gets the profile's
+    request (a default request above a user's limit would be refused)."""
     requests: dict[str, str] = dict(spec.resources.requests)
     limits: dict[str, str] = dict(spec.resources.limits)
+    defaults = {"cpu": profile.cpu_request, "memory": profile.memory_request}
+    for name, value in defaults.items():
+        if name not in requests and name not in limits:
+            requests[name] = value
     if spec.gpus_per_replica:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(spec.gpus_per_replica)
     return {k: v for k, v in {"requests": requests, "limits": limits}.items() if v}
@@ -174,7 +183,7 @@ def _container(
             *_cache_env(spec),
             *_scratch_env(),
         ],
-        "resources": _resources(spec),
+        "resources": _resources(spec, profile),
         "securityContext": _container_security(),
         "volumeMounts": [
             {"name": "models", "mountPath": profiles.MODEL_DIR},
@@ -197,6 +206,7 @@ def _fetcher(spec: FleetModelSpec, registry: RegistryWeights | None) -> list[Obj
     return [
         fetcher
         | {
+            "resources": {"requests": dict(FETCH_REQUESTS)},
             "securityContext": _container_security(),
             "volumeMounts": mounts,
         }
