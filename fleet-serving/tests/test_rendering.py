@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from fleet_contract import ModelWeights, WeightFile
 from fleet_serving import profiles, rendering
 from fleet_serving.errors import InvalidSpec
+from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import decode_spec
 
 OWNER = rendering.Owner(name="qwen", namespace="models", uid="uid-1")
@@ -260,3 +262,108 @@ def test_vllm_gets_no_llama_server_cap() -> None:
     s = spec()
     args = container(rendering.deployment(OWNER, s, profiles.check(s)))["args"]
     assert "--n-predict" not in args
+
+
+def _registry_spec() -> Any:
+    return spec(engine="llamacpp", weightFormat="gguf", gpusPerReplica=0,
+                source={"registry": "gemma"})  # fmt: skip
+
+
+REGISTRY = RegistryWeights(
+    control_plane="http://cp:8081/",
+    weights=ModelWeights(model_id="gemma", status="Ready", format="gguf",
+                         files=(WeightFile(path="m.gguf", size=4, sha256="a" * 64),)),
+)  # fmt: skip
+HARDENING = [
+    pytest.param(spec(), None, 0, id="vllm"),
+    pytest.param(spec(engine="llamacpp", weightFormat="gguf", gpusPerReplica=0,
+                      source={"uri": "s3://models/m.gguf"}), None, 1, id="llamacpp-s3"),
+    pytest.param(_registry_spec(), REGISTRY, 1, id="registry"),
+]  # fmt: skip
+
+
+def pod_of(s: Any, registry: RegistryWeights | None = None) -> dict[str, Any]:
+    return dict(
+        rendering.deployment(OWNER, s, profiles.check(s), registry)["spec"]["template"]["spec"]
+    )
+
+
+def qos_class(pod: dict[str, Any]) -> str:
+    """The QoS class Kubernetes gives ``pod`` (its rules, over CPU and memory)."""
+    every = pod["containers"] + pod.get("initContainers", [])
+    named = [(c.get("resources", {}), kind) for c in every for kind in ("cpu", "memory")]
+    if not any(r.get("requests", {}).get(k) or r.get("limits", {}).get(k) for r, k in named):
+        return "BestEffort"
+
+    def pinned(resources: dict[str, Any], kind: str) -> bool:
+        limit = resources.get("limits", {}).get(kind)
+        return limit is not None and resources.get("requests", {}).get(kind, limit) == limit
+
+    return "Guaranteed" if all(pinned(r, k) for r, k in named) else "Burstable"
+
+
+@pytest.mark.parametrize(("s", "registry", "inits"), HARDENING)
+def test_pods_meet_pod_security_restricted(
+    s: Any, registry: RegistryWeights | None, inits: int
+) -> None:
+    pod = pod_of(s, registry)
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }  # fmt: skip
+    assert len(pod.get("initContainers", [])) == inits
+    for c in pod["containers"] + pod.get("initContainers", []):
+        assert c["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+        }, c["name"]
+
+
+@pytest.mark.parametrize(("s", "registry", "inits"), HARDENING)
+def test_a_read_only_root_leaves_every_container_a_writable_home_and_tmp(
+    s: Any, registry: RegistryWeights | None, inits: int
+) -> None:
+    pod = pod_of(s, registry)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes == {
+        "models": {"name": "models", "emptyDir": {}},
+        "shm": {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        "tmp": {"name": "tmp", "emptyDir": {}},
+    }
+    for c in pod["containers"] + pod.get("initContainers", []):
+        assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"], c["name"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["HOME"] == "/tmp"
+        assert env["USER"]  # torch's getpass.getuser() with no passwd entry for the uid
+
+
+@pytest.mark.parametrize(
+    ("s", "registry", "engine", "init"),
+    [
+        (spec(), None, {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"}, None),
+        (_registry_spec(), REGISTRY, {"cpu": "500m", "memory": "1Gi"},
+         {"cpu": "100m", "memory": "256Mi"}),
+    ],
+)  # fmt: skip
+def test_pods_without_resources_get_engine_requests_and_are_burstable(
+    s: Any, registry: RegistryWeights | None, engine: dict[str, str], init: dict[str, str] | None
+) -> None:
+    pod = pod_of(s, registry)
+    resources = pod["containers"][0]["resources"]
+    assert resources["requests"] == engine
+    assert set(resources.get("limits", {})) <= {"nvidia.com/gpu"}  # requests are floors only
+    if init is not None:
+        assert pod["initContainers"][0]["resources"] == {"requests": init}
+    assert qos_class(pod) == "Burstable"
+
+
+def test_resources_the_user_names_are_not_defaulted() -> None:
+    s = spec(resources={"requests": {"cpu": "16"}, "limits": {"memory": "4Gi"}})
+    resources = pod_of(s)["containers"][0]["resources"]
+    # No memory request: one above the user's 4Gi limit would be refused, and Kubernetes makes
+    # the request equal to the limit anyway.
+    assert resources == {
+        "requests": {"cpu": "16", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "4Gi", "nvidia.com/gpu": "1"},
+    }

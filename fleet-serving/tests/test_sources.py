@@ -95,7 +95,8 @@ def test_llamacpp_loads_the_fetched_gguf_after_an_init_container_fetches_every_f
         "model.gguf", "http://cp:8081/api/v1/models/tiny%2Fone/files/model.gguf",
         sha(FILES["model.gguf"]),
     ]  # fmt: skip
-    assert fetch["volumeMounts"] == [{"name": "models", "mountPath": "/models"}]
+    assert fetch["volumeMounts"] == [{"name": "models", "mountPath": "/models"},
+                                     {"name": "tmp", "mountPath": "/tmp"}]  # fmt: skip
     token = {"secretKeyRef": {"name": "fleet-engine-token", "key": "token"}}
     assert {"name": "FLEET_ENGINE_TOKEN", "valueFrom": token} in fetch["env"]
     assert not any(ENGINE_TOKEN in str(value) for value in fetch.values())

@@ -58,6 +58,11 @@ class EngineProfile(msgspec.Struct, kw_only=True, frozen=True):
     min_compute: tuple[int, int] | None
     health_path: str = "/health"
     min_gpus: int = 0
+    cpu_request: str
+    """The engine container's CPU request when the FleetModel sets no CPU of its own: a floor
+    for the scheduler, never a limit, so the pod is Burstable rather than BestEffort."""
+    memory_request: str
+    """The same for memory (no limit either: an engine's peak while loading is not known here)."""
 
 
 VLLM = EngineProfile(
@@ -68,6 +73,10 @@ VLLM = EngineProfile(
     api_key_env="VLLM_API_KEY",
     min_compute=(7, 5),
     min_gpus=1,
+    # Two busy processes (API server, engine core), each with torch and a CUDA context: a few GiB
+    # of host memory before any weights. A GPU node has far more; the floor never blocks one.
+    cpu_request="2",
+    memory_request="8Gi",
 )
 LLAMACPP = EngineProfile(
     engine="llamacpp",
@@ -78,6 +87,10 @@ LLAMACPP = EngineProfile(
     api_key_env="LLAMA_API_KEY",
     min_compute=None,
     metrics_open=False,
+    # Often on small CPU nodes: half a core keeps two replicas of a small model on two cores, and
+    # 1Gi holds the smallest GGUF models with their KV cache. Larger models set their own.
+    cpu_request="500m",
+    memory_request="1Gi",
 )
 PROFILES: dict[str, EngineProfile] = {p.engine: p for p in (VLLM, LLAMACPP)}
 

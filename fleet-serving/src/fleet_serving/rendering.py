@@ -34,6 +34,48 @@ COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"
 COMPUTE_MINOR = "nvidia.com/gpu.compute.minor"
 Obj = dict[str, Any]
 
+RUN_AS = 65532
+"""The uid and gid of every rendered container, as in Fleet's own images and the test engine
+image. Set, not left to the image: the upstream vLLM and llama.cpp images run as root, which
+``runAsNonRoot`` alone would have the kubelet refuse."""
+SCRATCH_DIR = "/tmp"
+"""An emptyDir in every container, and its ``HOME``: the root filesystem is read-only, and
+engines write caches under ``~`` (vLLM: ``~/.cache``, ``~/.config``, triton and torch's compile
+caches) and temporary files (the fetch script's ``mktemp``)."""
+FETCH_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
+"""An init container's requests: a copier streaming to disk (``aws s3 cp``'s multipart buffers,
+curl) needs little, and what it needs is reserved before the engine's."""
+
+
+def _pod_security() -> Obj:
+    """The pod's securityContext: Pod Security's ``restricted`` level, as a fixed non-root user
+    whose group owns the pod's volumes."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security() -> Obj:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
+
+
+def _scratch_mount() -> Obj:
+    return {"name": "tmp", "mountPath": SCRATCH_DIR}
+
+
+def _scratch_env() -> list[Obj]:
+    """``USER`` too: with no passwd entry for `RUN_AS`, ``getpass.getuser()`` raises, and torch
+    calls it for its compile cache whatever its cache variables say."""
+    return [{"name": "HOME", "value": SCRATCH_DIR}, {"name": "USER", "value": "fleet"}]
+
 
 class Owner(msgspec.Struct, kw_only=True, frozen=True):
     """The FleetModel that owns what is rendered (for ownerReferences and names)."""
@@ -85,9 +127,15 @@ def gpu_affinity(minimum: tuple[int, int]) -> Obj:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
 
 
-def _resources(spec: FleetModelSpec) -> Obj:
+def _resources(spec: FleetModelSpec, profile: EngineProfile) -> Obj:
+    """The user's requests and limits; a CPU or memory named in neither gets the profile's
+    request (a default request above a user's limit would be refused)."""
     requests: dict[str, str] = dict(spec.resources.requests)
     limits: dict[str, str] = dict(spec.resources.limits)
+    defaults = {"cpu": profile.cpu_request, "memory": profile.memory_request}
+    for name, value in defaults.items():
+        if name not in requests and name not in limits:
+            requests[name] = value
     if spec.gpus_per_replica:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(spec.gpus_per_replica)
     return {k: v for k, v in {"requests": requests, "limits": limits}.items() if v}
@@ -133,11 +181,14 @@ def _container(
         "env": [
             {"name": profile.api_key_env, "valueFrom": {"secretKeyRef": key_ref}},
             *_cache_env(spec),
+            *_scratch_env(),
         ],
-        "resources": _resources(spec),
+        "resources": _resources(spec, profile),
+        "securityContext": _container_security(),
         "volumeMounts": [
             {"name": "models", "mountPath": profiles.MODEL_DIR},
             {"name": "shm", "mountPath": "/dev/shm"},
+            _scratch_mount(),
         ],
     } | _probes(profile)
 
@@ -145,32 +196,51 @@ def _container(
 def _fetcher(spec: FleetModelSpec, registry: RegistryWeights | None) -> list[Obj]:
     """An init container filling the shared model volume from an ``s3://`` or ``registry:``
     source; a Hugging Face source is fetched by the engine itself."""
-    mounts = [{"name": "models", "mountPath": profiles.MODEL_DIR}]
     if registry is not None:
-        return [
-            {
-                "name": "fetch-weights",
-                "image": sources.FETCH_IMAGE,
-                "command": ["sh", "-c", sources.FETCH_SCRIPT, "fetch-weights"],
-                "args": sources.fetch_args(registry),
-                "env": [
-                    {"name": "MODEL_DIR", "value": profiles.MODEL_DIR},
-                    sources.token_env(registry),
-                ],
-                "volumeMounts": mounts,
-            }
-        ]
-    if spec.source.uri is None:
+        fetcher = _registry_fetcher(registry)
+    elif spec.source.uri is not None:
+        fetcher = _s3_fetcher(spec, spec.source.uri)
+    else:
         return []
+    mounts = [{"name": "models", "mountPath": profiles.MODEL_DIR}, _scratch_mount()]
+    return [
+        fetcher
+        | {
+            "resources": {"requests": dict(FETCH_REQUESTS)},
+            "securityContext": _container_security(),
+            "volumeMounts": mounts,
+        }
+    ]
+
+
+def _registry_fetcher(registry: RegistryWeights) -> Obj:
+    return {
+        "name": "fetch-weights",
+        "image": sources.FETCH_IMAGE,
+        "command": ["sh", "-c", sources.FETCH_SCRIPT, "fetch-weights"],
+        "args": sources.fetch_args(registry),
+        "env": [
+            {"name": "MODEL_DIR", "value": profiles.MODEL_DIR},
+            sources.token_env(registry),
+            *_scratch_env(),
+        ],
+    }
+
+
+def _s3_fetcher(spec: FleetModelSpec, uri: str) -> Obj:
     if spec.weight_format == "gguf":
         target, extra = f"{profiles.MODEL_DIR}/model.gguf", []
     else:
         target, extra = profiles.MODEL_DIR, ["--recursive"]
-    command = ["aws", "s3", "cp", spec.source.uri, target, *extra]
-    fetcher: Obj = {"name": "fetch-weights", "image": AWS_CLI_IMAGE, "args": command[1:]}
+    fetcher: Obj = {
+        "name": "fetch-weights",
+        "image": AWS_CLI_IMAGE,
+        "args": ["s3", "cp", uri, target, *extra],
+        "env": _scratch_env(),
+    }
     if spec.source.credentials_secret:
         fetcher["envFrom"] = [{"secretRef": {"name": spec.source.credentials_secret}}]
-    return [fetcher | {"volumeMounts": mounts}]
+    return fetcher
 
 
 def _tolerations(spec: FleetModelSpec) -> list[Obj]:
@@ -188,9 +258,11 @@ def _pod_spec(
     pod: Obj = {
         "containers": [_container(spec, profile, registry)],
         "initContainers": _fetcher(spec, registry),
+        "securityContext": _pod_security(),
         "volumes": [
             {"name": "models", "emptyDir": {}},
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            {"name": "tmp", "emptyDir": {}},
         ],
         "nodeSelector": dict(spec.node_selector),
         "tolerations": _tolerations(spec),
