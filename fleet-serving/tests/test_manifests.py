@@ -72,6 +72,21 @@ def test_kustomize_builds(where: str) -> None:
     assert gateway["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
 
 
+IMAGE_COMMANDS = {"fleet-gateway", "fleet-apiserver", "fleet-serving"}
+"""What Fleet's images hold (deploy/image/Dockerfile). They set a CMD, no ENTRYPOINT: a
+container that gives only ``args`` would run its first argument as the program."""
+
+
+@pytest.mark.parametrize("where", ["base", "overlays/k3s", "overlays/test-node"])
+def test_every_fleet_container_names_its_program(where: str) -> None:
+    for workload in kustomize(DEPLOY / where):
+        if workload["kind"] != "Deployment":
+            continue
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            if container["image"].startswith("docker.io/fleet/"):
+                assert container.get("command", [""])[0] in IMAGE_COMMANDS, container["name"]
+
+
 def grants(role: dict[str, Any]) -> dict[str, frozenset[str]]:
     """A role's rules as resource[.group][/subresource] → verbs, as ``kubectl auth can-i --list``
     names them (:mod:`shipped`)."""
