@@ -42,6 +42,8 @@ print(*sorted(e.name for d in m.distributions() if d.metadata["Name"].startswith
 for image in "$core_image" "$serving_image"; do
     check "$image runs as uid 65532 by default" \
         test "$("${podman[@]}" image inspect --format '{{.Config.User}}' "$image")" = 65532:65532
+    check "$image names its user (kopf and torch ask getpass.getuser())" \
+        "${podman[@]}" "${as_kubernetes[@]}" "$image" python3 -c 'import getpass; getpass.getuser()'
     check "$image carries LICENSE and NOTICE" "${podman[@]}" "${as_kubernetes[@]}" "$image" \
         test -s /usr/share/doc/fleet/LICENSE -a -s /usr/share/doc/fleet/NOTICE
     scripts=$(scripts_of "$image")
