@@ -144,8 +144,10 @@ llama-server:
 # llama-server on a real GGUF, built and fetched into the per-user cache first (both steps return
 # at once when cached), and the whole system from `kubectl apply` on the real Kubernetes control
 # plane (make kube) on a real node (kubelet + containerd) running the engine image (make
-# engine-image); it needs root (docs/e2e.md).
+# engine-image) and Fleet's own images (make image, on the local base engine-image makes unless
+# IMAGE_BASE names another); it needs root (docs/e2e.md).
 e2e: $(STAMP) llama-server kube engine-image
+	$(MAKE) image IMAGE_BASE=$(or $(IMAGE_BASE),localhost/fleet-base:bookworm)
 	PYTHON=$(PYTHON) e2e/engine/fetch-gemma.sh
 	$(BIN)/pytest -m e2e
 
