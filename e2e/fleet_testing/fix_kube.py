@@ -16,6 +16,7 @@ everything in it afterwards, and the nodes the test made).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import secrets
 import ssl
@@ -185,11 +186,14 @@ def _keypair(name: str, subject: str, cwd: Path, *, extensions: str = "") -> Non
              "-extfile", f"{name}.ext", cwd=cwd)  # fmt: skip
 
 
-def _certificates(cwd: Path) -> None:
+def _certificates(cwd: Path, services: str) -> None:
     _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
              "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
              "-subj", "/CN=fleet-test-ca", cwd=cwd)  # fmt: skip
-    _keypair("server", "/CN=kube-apiserver", cwd, extensions=f"subjectAltName={_SERVER_NAMES}\n")
+    # Pods reach the API server as the ``kubernetes`` Service's address, the range's first.
+    service_ip = ipaddress.ip_network(services)[1]
+    names = f"{_SERVER_NAMES},IP:{service_ip}"
+    _keypair("server", "/CN=kube-apiserver", cwd, extensions=f"subjectAltName={names}\n")
     _keypair("admin", _ADMIN, cwd)
     # SEC1 ("EC PRIVATE KEY"): the API server reads no PKCS#8 key as a service-account key.
     _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=cwd)
@@ -285,12 +289,12 @@ def running_cluster() -> Iterator[KubeCluster]:
     binaries = _binaries()
     with tempfile.TemporaryDirectory(prefix="fleet-kube-") as tmp:
         cwd = Path(tmp)
-        _certificates(cwd)
+        services = _service_cidr()
+        _certificates(cwd, services)
         etcd, peer, port = free_port(), free_port(), free_port()
         server = f"https://127.0.0.1:{port}"
         kubeconfig = cwd / "kubeconfig"
         _kubeconfig(kubeconfig, server, cwd)
-        services = _service_cidr()
         cluster = KubeCluster(server, kubeconfig, cwd / "ca.crt", cwd / "admin.crt",
                               cwd / "admin.key", cwd, services)  # fmt: skip
         plan = [

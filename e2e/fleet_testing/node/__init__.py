@@ -148,9 +148,23 @@ def _dns_service(cluster: KubeCluster, network: NodeNetwork) -> None:
     })  # fmt: skip
 
 
+def _api_for_pods(cluster: KubeCluster, network: NodeNetwork) -> None:
+    """The ``kubernetes`` Service's endpoint: the relay on the node's address, so a pod's
+    in-cluster client (the operator's) reaches the API server. The API server keeps no endpoints
+    of its own (it listens on the host's loopback, ``--endpoint-reconciler-type=none``)."""
+    cluster.create("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices", {
+        "metadata": {"name": f"kubernetes-{network.netns}",
+                     "labels": {"kubernetes.io/service-name": "kubernetes"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [network.node_ip], "conditions": {"ready": True}}],
+        "ports": [{"name": "https", "port": config.API_PORT, "protocol": "TCP"}],
+    })  # fmt: skip
+
+
 def _start(node: KubeNode, api_port: int) -> None:
     files, bins, daemons, net = node.files, node.binaries, node.daemons, node.network
     daemons.relay(config.API_PORT, api_port)
+    daemons.relay(config.API_PORT, api_port, address=net.node_ip, name="relay-api-pods")
     daemons.start(
         "containerd", [node.tools["containerd"], "--config", str(files.containerd_config)]
     )
@@ -183,6 +197,7 @@ def _start(node: KubeNode, api_port: int) -> None:
     ])  # fmt: skip
     daemons.start("coredns", [str(bins / "coredns"), "-conf", str(files.corefile)])
     _dns_service(node.cluster, net)
+    _api_for_pods(node.cluster, net)
 
 
 def _binaries() -> Path:
