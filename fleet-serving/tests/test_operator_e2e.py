@@ -63,6 +63,8 @@ async def test_a_fleetmodel_becomes_a_deployment_a_service_and_ready(
     assert owner["uid"] == fm["metadata"]["uid"]
     assert owner["kind"] == "FleetModel"
     assert service["metadata"]["ownerReferences"][0]["uid"] == fm["metadata"]["uid"]
+    # One replica on GPUs: the new pod must be Ready before the old one goes.
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][container["args"].index("--served-model-name") + 1] == "qwen"
     assert container["env"][:1] == [
@@ -109,6 +111,8 @@ async def test_scaling_and_drift_update_the_deployment(
         within=20,
     )
     assert scaled["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--max-num-seqs=8"
+    # Three GPU replicas: one is replaced at a time, needing no spare GPU.
+    assert scaled["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
 
     # Someone edits an owned object by hand; the resync puts it back.
     drift = {"spec": {"template": {"spec": {"containers": [{"name": "engine", "image": "evil"}]}}}}

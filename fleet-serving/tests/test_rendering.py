@@ -155,6 +155,29 @@ def test_the_service_selects_the_pods_of_its_model() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("replicas", "gpus", "surge", "unavailable"),
+    [
+        (1, 0, 1, 0),  # never an outage
+        (1, 1, 1, 0),  # never an outage: the new pod waits for a spare GPU, the old one serves
+        (2, 0, 1, 0),  # no GPUs to be scarce
+        (2, 1, 0, 1),  # GPUs are scarce; the other replica serves
+        (3, 2, 0, 1),
+        (0, 1, 1, 0),  # nothing to roll; a later scale-up to one replica surges
+    ],
+)
+def test_the_rollout_strategy_never_takes_a_lone_replica_down(
+    replicas: int, gpus: int, surge: int, unavailable: int
+) -> None:
+    engine = {"engine": "vllm"} if gpus else {"engine": "llamacpp", "weightFormat": "gguf"}
+    s = spec(replicas=replicas, gpusPerReplica=gpus, **engine)
+    strategy = rendering.deployment(OWNER, s, profiles.check(s))["spec"]["strategy"]
+    assert strategy == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable},
+    }
+
+
 def test_user_placement_resources_and_image_are_passed_through() -> None:
     s = spec(
         image="registry.local/vllm:patched",

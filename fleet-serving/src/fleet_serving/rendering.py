@@ -2,7 +2,7 @@
 
 Nothing here talks to an API, reads a clock or the environment, so every field is unit-tested.
 The renderers produce the whole desired state of what the operator owns (a Deployment and a
-Service per FleetModel); :mod:`fleet_serving.reconciling` compares it with what is in the cluster.
+Service per FleetModel); :mod:`fleet_serving.applying` compares it with what is in the cluster.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ __all__ = [
     "common_labels",
     "deployment",
     "gpu_affinity",
+    "rollout_strategy",
     "service",
 ]
 
@@ -277,6 +278,24 @@ def _pod_spec(
     return {k: v for k, v in pod.items() if v is not None and v != [] and v != {}}
 
 
+def rollout_strategy(spec: FleetModelSpec) -> Obj:
+    """How the Deployment replaces its pods when its spec changes.
+
+    A one-replica model, and any model without GPUs (``gpusPerReplica: 0``), rolls with
+    maxSurge 1 / maxUnavailable 0: the new pod must be Ready before the old one goes, so a rollout
+    is never an outage. A one-replica GPU model therefore needs a spare GPU to roll; without one
+    the new pod stays Unschedulable, the old one keeps serving, and the status says why. A GPU
+    model with two or more replicas rolls with maxSurge 0 / maxUnavailable 1: GPUs are scarce, so
+    a pod is replaced before its successor starts, while the others serve.
+    """
+    if spec.replicas < 2 or not spec.gpus_per_replica:
+        surge, unavailable = 1, 0
+    else:
+        surge, unavailable = 0, 1
+    rolling = {"maxSurge": surge, "maxUnavailable": unavailable}
+    return {"type": "RollingUpdate", "rollingUpdate": rolling}
+
+
 def deployment(
     owner: Owner,
     spec: FleetModelSpec,
@@ -300,8 +319,6 @@ def deployment(
         if profile.metrics_open
         else {}
     )
-    # GPUs are scarce: replace a pod before starting its successor rather than needing spares.
-    strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -309,7 +326,7 @@ def deployment(
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": {MODEL_LABEL: owner.name}},
-            "strategy": strategy,
+            "strategy": rollout_strategy(spec),
             "template": {
                 "metadata": {"labels": labels}
                 | ({"annotations": annotations} if annotations else {}),
