@@ -136,7 +136,9 @@ def test_a_gguf_repository_serves_the_named_file() -> None:
 def test_owned_objects_carry_the_owner_reference_and_labels() -> None:
     s = spec()
     profile = profiles.check(s)
-    for obj in (rendering.deployment(OWNER, s, profile), rendering.service(OWNER, profile)):
+    owned = (rendering.deployment(OWNER, s, profile), rendering.service(OWNER, profile),
+             rendering.disruption_budget(OWNER))  # fmt: skip
+    for obj in owned:
         meta = obj["metadata"]
         assert (meta["name"], meta["namespace"]) == ("qwen", "models")
         (ref,) = meta["ownerReferences"]
@@ -175,6 +177,20 @@ def test_the_rollout_strategy_never_takes_a_lone_replica_down(
     assert strategy == {
         "type": "RollingUpdate",
         "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable},
+    }
+
+
+def test_the_disruption_budget_lets_a_drain_evict_one_replica_at_a_time() -> None:
+    pdb = rendering.disruption_budget(OWNER)
+    assert (pdb["apiVersion"], pdb["kind"]) == ("policy/v1", "PodDisruptionBudget")
+    assert pdb["metadata"]["labels"] == rendering.common_labels("qwen")
+    # The Deployment's own selector: exactly the model's pods.
+    s = spec()
+    selector = rendering.deployment(OWNER, s, profiles.check(s))["spec"]["selector"]
+    assert pdb["spec"] == {
+        "selector": selector,
+        "maxUnavailable": 1,  # not minAvailable: 1, which blocks draining a lone replica forever
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",  # a crash-looping pod never blocks a drain
     }
 
 

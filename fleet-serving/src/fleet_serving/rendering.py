@@ -1,8 +1,9 @@
 """Desired objects for a FleetModel: pure functions from a spec to Kubernetes dicts.
 
 Nothing here talks to an API, reads a clock or the environment, so every field is unit-tested.
-The renderers produce the whole desired state of what the operator owns (a Deployment and a
-Service per FleetModel); :mod:`fleet_serving.applying` compares it with what is in the cluster.
+The renderers produce the whole desired state of what the operator owns (a Deployment, a Service
+and a PodDisruptionBudget per FleetModel); :mod:`fleet_serving.applying` compares it with what is
+in the cluster.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "Owner",
     "common_labels",
     "deployment",
+    "disruption_budget",
     "gpu_affinity",
     "rollout_strategy",
     "service",
@@ -349,5 +351,24 @@ def service(owner: Owner, profile: EngineProfile) -> Obj:
             "ports": [port],
             # Not ``publishNotReadyAddresses: false``: the default, which a real API server
             # omits (omitempty), so rendering it would look like drift at every resync.
+        },
+    }
+
+
+def disruption_budget(owner: Owner) -> Obj:
+    """The PodDisruptionBudget of the model's pods: a drain evicts at most one at a time.
+
+    ``maxUnavailable: 1``, not ``minAvailable: 1``: the latter on a one-replica model would refuse
+    every eviction, and a node drain would wait on it forever. A pod that is not Ready (crash
+    looping, still loading) may always be evicted (``AlwaysAllow``), so it never blocks a drain.
+    """
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner),
+        "spec": {
+            "selector": {"matchLabels": {MODEL_LABEL: owner.name}},
+            "maxUnavailable": 1,
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
