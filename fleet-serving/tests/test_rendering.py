@@ -406,3 +406,14 @@ def test_resources_the_user_names_are_not_defaulted() -> None:
         "requests": {"cpu": "16", "nvidia.com/gpu": "1"},
         "limits": {"memory": "4Gi", "nvidia.com/gpu": "1"},
     }
+
+
+@pytest.mark.parametrize(("s", "registry", "inits"), HARDENING)
+def test_a_deleted_engine_keeps_serving_until_the_gateways_let_it_go(
+    s: Any, registry: RegistryWeights | None, inits: int
+) -> None:
+    """preStop sleeps (no binary needed in the image) within the grace period the kubelet gives."""
+    pod = pod_of(s, registry)
+    (engine,) = pod["containers"]
+    assert engine["lifecycle"] == {"preStop": {"sleep": {"seconds": rendering.DRAIN_SECONDS}}}
+    assert pod.get("terminationGracePeriodSeconds", 30) > rendering.DRAIN_SECONDS

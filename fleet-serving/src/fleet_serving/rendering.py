@@ -46,6 +46,10 @@ SCRATCH_DIR = "/tmp"
 engines write caches under ``~`` (vLLM: ``~/.cache``, ``~/.config``, triton and torch's compile
 caches) and temporary files (the fetch script's ``mktemp``)."""
 FETCH_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
+DRAIN_SECONDS = 10
+"""How long a deleted engine pod keeps serving before its engine is stopped: its endpoint has
+left the EndpointSlice at once, and this covers the operator's report and every gateway's next
+poll of the endpoints, so a rollout or a drain refuses no request routed in the meantime."""
 """An init container's requests: a copier streaming to disk (``aws s3 cp``'s multipart buffers,
 curl) needs little, and what it needs is reserved before the engine's."""
 
@@ -188,6 +192,7 @@ def _container(
         ],
         "resources": _resources(spec, profile),
         "securityContext": _container_security(),
+        "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_SECONDS}}},
         "volumeMounts": [
             {"name": "models", "mountPath": profiles.MODEL_DIR},
             {"name": "shm", "mountPath": "/dev/shm"},
