@@ -23,6 +23,7 @@ _PATHS = {
     "fleetmodels": "/apis/serving.fleet.dev/v1alpha1/namespaces/{ns}/fleetmodels",
     "deployments": "/apis/apps/v1/namespaces/{ns}/deployments",
     "services": "/api/v1/namespaces/{ns}/services",
+    "poddisruptionbudgets": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
     "endpointslices": "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
     "pods": "/api/v1/namespaces/{ns}/pods",
     "secrets": "/api/v1/namespaces/{ns}/secrets",

@@ -272,6 +272,7 @@ def phase_of(kube: FleetKubernetes, name: str, phase: str) -> dict[str, Any] | N
 FM = "/apis/serving.fleet.dev/v1alpha1/namespaces/default/fleetmodels"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
 SERVICES = "/api/v1/namespaces/default/services"
+PDBS = "/apis/policy/v1/namespaces/default/poddisruptionbudgets"
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
 PODS = "/api/v1/namespaces/default/pods"
 NODES = "/api/v1/nodes"

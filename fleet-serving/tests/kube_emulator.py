@@ -42,6 +42,7 @@ _RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
     "apps/v1/deployments": ("Deployment", True, {"status"}),
     "discovery.k8s.io/v1/endpointslices": ("EndpointSlice", True, set()),
     "v1/services": ("Service", True, set()),
+    "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True, {"status"}),
     "v1/pods": ("Pod", True, {"status"}),
     "v1/nodes": ("Node", False, {"status"}),
     "v1/events": ("Event", True, set()),

@@ -55,6 +55,7 @@ MODELS_GRANTS: dict[str, frozenset[str]] = {
     "fleetmodels.serving.fleet.dev/finalizers": frozenset({"update"}),  # blockOwnerDeletion
     "deployments.apps": frozenset({"get", "list", "watch", "create", "patch"}),
     "services": frozenset({"get", "create", "patch"}),
+    "poddisruptionbudgets.policy": frozenset({"get", "create", "patch"}),
     "pods": frozenset({"list", "watch"}),
     "endpointslices.discovery.k8s.io": frozenset({"list", "watch"}),
     "events": frozenset({"create"}),  # kopf's handler failures

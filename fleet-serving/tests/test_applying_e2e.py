@@ -5,6 +5,8 @@ both can show it; the rules only a real server enforces (CEL, object validation)
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from fleet_testing.fix_kube import KubeCluster, KubeError
@@ -14,6 +16,7 @@ from .cluster import Cluster, RealCluster
 from .conftest import (
     FM,
     NODES,
+    PDBS,
     SERVICES,
     KubeApi,
     Sink,
@@ -28,7 +31,7 @@ from .kube_emulator import FleetKubernetes
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 
-def foreign_service(name: str) -> dict[str, object]:
+def foreign_service(name: str) -> dict[str, Any]:
     """A Service someone else made, with the name the operator would give the model's."""
     return {
         "apiVersion": "v1",
@@ -38,21 +41,32 @@ def foreign_service(name: str) -> dict[str, object]:
     }
 
 
-async def test_a_foreign_object_is_never_adopted_and_the_status_names_it(
-    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
-) -> None:
-    await cluster.create(SERVICES, foreign_service("qwen"))
+async def left_alone(
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator, theirs: dict[str, Any]
+) -> dict[str, Any]:
+    """Create ``theirs`` (named ``qwen``), then the FleetModel ``qwen``: the model is Failed,
+    naming it, and ``theirs`` is left as it was, unowned. Returns it as it is now."""
+    kind = theirs["kind"]
+    plural = {"Service": "services", "PodDisruptionBudget": "poddisruptionbudgets"}[kind]
+    await cluster.create(SERVICES if kind == "Service" else PDBS, theirs)
     await cluster.create(NODES, gpu_node("gpu-1"))
     await start_operator(sink[1], "--resync=1s", "--report-interval=30s")
     await cluster.create(FM, fleetmodel("qwen"))
 
     status = await eventually(lambda: cluster.phase_of("qwen", "Failed"), within=20)
     assert status["reason"] == "ForeignObject"
-    assert f"Service {cluster.namespace}/qwen exists and is not controlled" in status["message"]
-    service = cluster.live("services", "qwen")
-    assert service is not None
-    assert "ownerReferences" not in service["metadata"]
-    assert service["spec"]["selector"] == {"app": "web"}
+    assert f"{kind} {cluster.namespace}/qwen exists and is not controlled" in status["message"]
+    found = cluster.live(plural, "qwen")
+    assert found is not None
+    assert "ownerReferences" not in found["metadata"]
+    assert found["spec"]["selector"] == theirs["spec"]["selector"]
+    return found
+
+
+async def test_a_foreign_object_is_never_adopted_and_the_status_names_it(
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
+) -> None:
+    await left_alone(cluster, sink, start_operator, foreign_service("qwen"))
 
     # Deleting the FleetModel leaves the foreign Service alone (the garbage collector would
     # delete an adopted one); the operator's Deployment goes.
@@ -69,6 +83,21 @@ async def test_a_foreign_object_is_never_adopted_and_the_status_names_it(
     ours = await eventually(lambda: cluster.live("services", "qwen"), within=20)
     assert ours["metadata"]["ownerReferences"][0]["kind"] == "FleetModel"
     await eventually(lambda: cluster.phase_of("qwen", "Pending"), within=20)
+
+
+async def test_a_foreign_disruption_budget_is_never_adopted(
+    cluster: Cluster, sink: tuple[Sink, str], start_operator: StartOperator
+) -> None:
+    """A budget someone else made for the model's name (say, ``maxUnavailable: 0`` while they
+    plan maintenance) is theirs: the operator neither patches nor adopts it."""
+    theirs = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "qwen", "namespace": "default", "labels": {"team": "ops"}},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "maxUnavailable": 0},
+    }
+    budget = await left_alone(cluster, sink, start_operator, theirs)
+    assert budget["spec"]["maxUnavailable"] == 0
 
 
 @pytest.mark.parametrize("name", ["7b", "llama-3.1-8b", "qwen2.5-7b"])

@@ -166,6 +166,11 @@ def test_a_stalled_rollout() -> None:
          False),
         ({"generation": 2}, {"observedGeneration": 2, "updatedReplicas": 1, "readyReplicas": 2},
          False),
+        # A surging rollout: the new pod is updated (not yet Ready), an old one still serves.
+        ({"generation": 2}, {"observedGeneration": 2, "replicas": 3, "updatedReplicas": 2,
+                             "readyReplicas": 2}, False),
+        ({"generation": 2}, {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2,
+                             "readyReplicas": 2}, True),
     ],
 )  # fmt: skip
 def test_ready_replicas_count_once_the_current_spec_is_rolled_out(

@@ -23,6 +23,7 @@ from .conftest import (
     DEPLOYMENTS,
     FM,
     NODES,
+    PDBS,
     PODS,
     Operator,
     Sink,
@@ -57,12 +58,19 @@ async def test_a_fleetmodel_becomes_a_deployment_a_service_and_ready(
 
     deployment = await eventually(lambda: cluster.live("deployments", "qwen"), within=20)
     service = await eventually(lambda: cluster.live("services", "qwen"), within=20)
+    budget = await eventually(lambda: cluster.live("poddisruptionbudgets", "qwen"), within=20)
     fm = cluster.live("fleetmodels", "qwen")
     assert fm is not None
     owner = deployment["metadata"]["ownerReferences"][0]
     assert owner["uid"] == fm["metadata"]["uid"]
     assert owner["kind"] == "FleetModel"
     assert service["metadata"]["ownerReferences"][0]["uid"] == fm["metadata"]["uid"]
+    assert budget["metadata"]["ownerReferences"] == deployment["metadata"]["ownerReferences"]
+    assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # One replica on GPUs: the new pod must be Ready before the old one goes.
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][container["args"].index("--served-model-name") + 1] == "qwen"
     assert container["env"][:1] == [
@@ -109,6 +117,8 @@ async def test_scaling_and_drift_update_the_deployment(
         within=20,
     )
     assert scaled["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--max-num-seqs=8"
+    # Three GPU replicas: one is replaced at a time, needing no spare GPU.
+    assert scaled["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
 
     # Someone edits an owned object by hand; the resync puts it back.
     drift = {"spec": {"template": {"spec": {"containers": [{"name": "engine", "image": "evil"}]}}}}
@@ -122,6 +132,21 @@ async def test_scaling_and_drift_update_the_deployment(
         within=20,
     )
     assert restored["spec"]["template"]["spec"]["containers"][0]["image"].startswith("vllm/")
+
+    # A budget loosened by hand (any number of replicas at once, crash-looping ones protected)
+    # is put back too.
+    loose = {"spec": {"maxUnavailable": 3, "unhealthyPodEvictionPolicy": "IfHealthyBudget"}}
+    loosened = await cluster.patch(f"{PDBS}/qwen", loose)
+    assert loosened["spec"]["maxUnavailable"] == 3  # a resync may put it back at any moment
+    budget = await eventually(
+        lambda: (
+            (b := cluster.live("poddisruptionbudgets", "qwen"))
+            and b["spec"]["maxUnavailable"] == 1
+            and b
+        ),
+        within=20,
+    )
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
 async def test_a_field_removed_from_the_spec_is_removed_from_the_deployment(
@@ -171,8 +196,9 @@ async def test_a_quantity_the_api_server_rewrote_is_not_patched_back(
         await cluster.patch(f"{DEPLOYMENTS}/qwen", patch)
     before = resyncs(operator)
     patched = operator.output().count(" patched")
-    # Three resyncs (--resync=1s) look at the Deployment and the Service and leave them alone (a
-    # real API server omits a false publishNotReadyAddresses: rendering it was a patch a resync).
+    # Three resyncs (--resync=1s) look at the Deployment, the Service and the PodDisruptionBudget
+    # and leave them alone (a real API server omits a false publishNotReadyAddresses: rendering it
+    # was a patch a resync).
     await eventually(lambda: resyncs(operator) >= before + 3, within=15)
     assert operator.output().count(" patched") == patched
     container = (cluster.live("deployments", "qwen") or {})["spec"]["template"]["spec"]
@@ -236,6 +262,7 @@ async def test_deleting_a_fleetmodel_removes_what_it_made(
     state, _ = await started(cluster, sink, start_operator, gpu_node("gpu-1"))
     await cluster.create(FM, fleetmodel("qwen", engine="llamacpp", weightFormat="gguf"))
     await eventually(lambda: cluster.live("services", "qwen"), within=20)
+    await eventually(lambda: cluster.live("poddisruptionbudgets", "qwen"), within=20)
     await eventually(lambda: reported(state, lambda r: len(r.deployments) == 1), within=20)
 
     await cluster.delete(f"{FM}/qwen")
@@ -244,6 +271,7 @@ async def test_deleting_a_fleetmodel_removes_what_it_made(
     # the first cascade of a session can take that long.
     await eventually(lambda: cluster.live("deployments", "qwen") is None, within=60)
     await eventually(lambda: cluster.live("services", "qwen") is None, within=60)
+    await eventually(lambda: cluster.live("poddisruptionbudgets", "qwen") is None, within=60)
     await eventually(lambda: reported(state, lambda r: not r.deployments), within=20)
 
 

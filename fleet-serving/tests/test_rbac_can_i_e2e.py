@@ -41,6 +41,8 @@ REFUSED: list[tuple[str, str, str]] = [
     ("create", "daemonsets.apps", MODELS),
     ("create", "jobs.batch", MODELS),
     ("patch", "services", "default"),
+    ("create", "poddisruptionbudgets.policy", "default"),
+    ("patch", "poddisruptionbudgets.policy", "kube-system"),
     ("list", "fleetmodels.serving.fleet.dev", "default"),
     ("create", "events", "kube-system"),
     # No deletes (owner references do that), no replacing.
@@ -49,6 +51,10 @@ REFUSED: list[tuple[str, str, str]] = [
     ("delete", "fleetmodels.serving.fleet.dev", MODELS),
     ("create", "fleetmodels.serving.fleet.dev", MODELS),
     ("delete", "services", MODELS),
+    ("delete", "poddisruptionbudgets.policy", MODELS),
+    ("update", "poddisruptionbudgets.policy", MODELS),
+    # Evicting is a drain's job, not the operator's.
+    ("create", "pods/eviction", MODELS),
     ("deletecollection", "pods", MODELS),
     # Secrets, anywhere, the models namespace included.
     ("get", "secrets", MODELS),

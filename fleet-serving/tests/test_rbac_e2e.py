@@ -60,6 +60,8 @@ async def test_the_shipped_rbac_is_enough_to_serve_a_model(
     deployment = await eventually(lambda: cluster.live("deployments", "qwen"), within=30)
     assert deployment["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
     await eventually(lambda: cluster.live("services", "qwen"), within=20)
+    budget = await eventually(lambda: cluster.live("poddisruptionbudgets", "qwen"), within=20)
+    assert budget["metadata"]["ownerReferences"] == deployment["metadata"]["ownerReferences"]
     await cluster.serve("qwen", ["10.1.0.7"])
     status = await eventually(lambda: cluster.phase_of("qwen", "Ready"), within=30)
     assert status["endpoints"] == ["http://10.1.0.7:8000"]

@@ -136,7 +136,9 @@ def test_a_gguf_repository_serves_the_named_file() -> None:
 def test_owned_objects_carry_the_owner_reference_and_labels() -> None:
     s = spec()
     profile = profiles.check(s)
-    for obj in (rendering.deployment(OWNER, s, profile), rendering.service(OWNER, profile)):
+    owned = (rendering.deployment(OWNER, s, profile), rendering.service(OWNER, profile),
+             rendering.disruption_budget(OWNER))  # fmt: skip
+    for obj in owned:
         meta = obj["metadata"]
         assert (meta["name"], meta["namespace"]) == ("qwen", "models")
         (ref,) = meta["ownerReferences"]
@@ -153,6 +155,43 @@ def test_the_service_selects_the_pods_of_its_model() -> None:
     assert svc["spec"]["ports"] == [
         {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}
     ]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "gpus", "surge", "unavailable"),
+    [
+        (1, 0, 1, 0),  # never an outage
+        (1, 1, 1, 0),  # never an outage: the new pod waits for a spare GPU, the old one serves
+        (2, 0, 1, 0),  # no GPUs to be scarce
+        (2, 1, 0, 1),  # GPUs are scarce; the other replica serves
+        (3, 2, 0, 1),
+        (0, 1, 1, 0),  # nothing to roll; a later scale-up to one replica surges
+    ],
+)
+def test_the_rollout_strategy_never_takes_a_lone_replica_down(
+    replicas: int, gpus: int, surge: int, unavailable: int
+) -> None:
+    engine = {"engine": "vllm"} if gpus else {"engine": "llamacpp", "weightFormat": "gguf"}
+    s = spec(replicas=replicas, gpusPerReplica=gpus, **engine)
+    strategy = rendering.deployment(OWNER, s, profiles.check(s))["spec"]["strategy"]
+    assert strategy == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable},
+    }
+
+
+def test_the_disruption_budget_lets_a_drain_evict_one_replica_at_a_time() -> None:
+    pdb = rendering.disruption_budget(OWNER)
+    assert (pdb["apiVersion"], pdb["kind"]) == ("policy/v1", "PodDisruptionBudget")
+    assert pdb["metadata"]["labels"] == rendering.common_labels("qwen")
+    # The Deployment's own selector: exactly the model's pods.
+    s = spec()
+    selector = rendering.deployment(OWNER, s, profiles.check(s))["spec"]["selector"]
+    assert pdb["spec"] == {
+        "selector": selector,
+        "maxUnavailable": 1,  # not minAvailable: 1, which blocks draining a lone replica forever
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",  # a crash-looping pod never blocks a drain
+    }
 
 
 def test_user_placement_resources_and_image_are_passed_through() -> None:
@@ -367,3 +406,14 @@ def test_resources_the_user_names_are_not_defaulted() -> None:
         "requests": {"cpu": "16", "nvidia.com/gpu": "1"},
         "limits": {"memory": "4Gi", "nvidia.com/gpu": "1"},
     }
+
+
+@pytest.mark.parametrize(("s", "registry", "inits"), HARDENING)
+def test_a_deleted_engine_keeps_serving_until_the_gateways_let_it_go(
+    s: Any, registry: RegistryWeights | None, inits: int
+) -> None:
+    """preStop sleeps (no binary needed in the image) within the grace period the kubelet gives."""
+    pod = pod_of(s, registry)
+    (engine,) = pod["containers"]
+    assert engine["lifecycle"] == {"preStop": {"sleep": {"seconds": rendering.DRAIN_SECONDS}}}
+    assert pod.get("terminationGracePeriodSeconds", 30) > rendering.DRAIN_SECONDS

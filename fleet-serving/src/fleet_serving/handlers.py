@@ -70,7 +70,8 @@ async def publish_status(deps: Deps, key: Key) -> None:
 
 
 async def reconcile(body: kopf.Body, deps: Deps, logger: Any) -> None:
-    """Bring the Deployment and Service of one FleetModel to their desired state."""
+    """Bring the Deployment, Service and PodDisruptionBudget of one FleetModel to their desired
+    state."""
     seen = deps.view.put_model(body, deleted=False)
     assert seen is not None
     key = (seen.namespace, seen.name)
@@ -86,6 +87,7 @@ async def reconcile(body: kopf.Body, deps: Deps, logger: Any) -> None:
     desired = [
         rendering.deployment(owner, spec, profile, registry),
         rendering.service(owner, profile),
+        rendering.disruption_budget(owner),
     ]
     await _apply(deps, key, desired, logger)
     await publish_status(deps, key)

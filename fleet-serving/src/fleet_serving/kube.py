@@ -29,6 +29,7 @@ _MERGE = "application/merge-patch+json"
 _COLLECTIONS = {
     ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
+    ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
     (f"{GROUP}/{VERSION}", "FleetModel"): f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}",
 }
 

@@ -137,8 +137,11 @@ class DeploymentFacts(msgspec.Struct, kw_only=True, frozen=True):
     stalled: str | None = None
     """The controller's message when the rollout passed its progress deadline."""
     rolled_out: bool = True
-    """The controller has seen the current spec (observedGeneration) and every replica runs it
-    (updatedReplicas): until then ready replicas may be the previous spec's."""
+    """The controller has seen the current spec (observedGeneration), every replica runs it
+    (updatedReplicas) and no pod of the previous spec is left (replicas): until then ready
+    replicas may be the previous spec's. The last, as ``kubectl rollout status`` checks it,
+    because a surging rollout counts its new pod as updated before it is Ready, while the old
+    one serves."""
 
 
 def deployment_facts(deployment: Mapping[str, Any]) -> DeploymentFacts:
@@ -148,6 +151,7 @@ def deployment_facts(deployment: Mapping[str, Any]) -> DeploymentFacts:
     generation = int((deployment.get("metadata") or {}).get("generation") or 0)
     observed = int(status.get("observedGeneration") or 0)
     updated = int(status.get("updatedReplicas") or 0)
+    old_left = int(status.get("replicas") or 0) > updated
     stalled = next(
         (str(c.get("message") or "the rollout made no progress")
          for c in status.get("conditions") or []
@@ -158,7 +162,7 @@ def deployment_facts(deployment: Mapping[str, Any]) -> DeploymentFacts:
         desired=desired,
         ready=int(status.get("readyReplicas") or 0),
         stalled=stalled,
-        rolled_out=observed >= generation and updated >= desired,
+        rolled_out=observed >= generation and updated >= desired and not old_left,
     )
 
 

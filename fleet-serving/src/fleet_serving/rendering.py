@@ -1,8 +1,9 @@
 """Desired objects for a FleetModel: pure functions from a spec to Kubernetes dicts.
 
 Nothing here talks to an API, reads a clock or the environment, so every field is unit-tested.
-The renderers produce the whole desired state of what the operator owns (a Deployment and a
-Service per FleetModel); :mod:`fleet_serving.reconciling` compares it with what is in the cluster.
+The renderers produce the whole desired state of what the operator owns (a Deployment, a Service
+and a PodDisruptionBudget per FleetModel); :mod:`fleet_serving.applying` compares it with what is
+in the cluster.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ __all__ = [
     "Owner",
     "common_labels",
     "deployment",
+    "disruption_budget",
     "gpu_affinity",
+    "rollout_strategy",
     "service",
 ]
 
@@ -43,6 +46,10 @@ SCRATCH_DIR = "/tmp"
 engines write caches under ``~`` (vLLM: ``~/.cache``, ``~/.config``, triton and torch's compile
 caches) and temporary files (the fetch script's ``mktemp``)."""
 FETCH_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
+DRAIN_SECONDS = 10
+"""How long a deleted engine pod keeps serving before its engine is stopped: its endpoint has
+left the EndpointSlice at once, and this covers the operator's report and every gateway's next
+poll of the endpoints, so a rollout or a drain refuses no request routed in the meantime."""
 """An init container's requests: a copier streaming to disk (``aws s3 cp``'s multipart buffers,
 curl) needs little, and what it needs is reserved before the engine's."""
 
@@ -185,6 +192,7 @@ def _container(
         ],
         "resources": _resources(spec, profile),
         "securityContext": _container_security(),
+        "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_SECONDS}}},
         "volumeMounts": [
             {"name": "models", "mountPath": profiles.MODEL_DIR},
             {"name": "shm", "mountPath": "/dev/shm"},
@@ -277,6 +285,24 @@ def _pod_spec(
     return {k: v for k, v in pod.items() if v is not None and v != [] and v != {}}
 
 
+def rollout_strategy(spec: FleetModelSpec) -> Obj:
+    """How the Deployment replaces its pods when its spec changes.
+
+    A one-replica model, and any model without GPUs (``gpusPerReplica: 0``), rolls with
+    maxSurge 1 / maxUnavailable 0: the new pod must be Ready before the old one goes, so a rollout
+    is never an outage. A one-replica GPU model therefore needs a spare GPU to roll; without one
+    the new pod stays Unschedulable, the old one keeps serving, and the status says why. A GPU
+    model with two or more replicas rolls with maxSurge 0 / maxUnavailable 1: GPUs are scarce, so
+    a pod is replaced before its successor starts, while the others serve.
+    """
+    if spec.replicas < 2 or not spec.gpus_per_replica:
+        surge, unavailable = 1, 0
+    else:
+        surge, unavailable = 0, 1
+    rolling = {"maxSurge": surge, "maxUnavailable": unavailable}
+    return {"type": "RollingUpdate", "rollingUpdate": rolling}
+
+
 def deployment(
     owner: Owner,
     spec: FleetModelSpec,
@@ -300,8 +326,6 @@ def deployment(
         if profile.metrics_open
         else {}
     )
-    # GPUs are scarce: replace a pod before starting its successor rather than needing spares.
-    strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -309,7 +333,7 @@ def deployment(
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": {MODEL_LABEL: owner.name}},
-            "strategy": strategy,
+            "strategy": rollout_strategy(spec),
             "template": {
                 "metadata": {"labels": labels}
                 | ({"annotations": annotations} if annotations else {}),
@@ -332,5 +356,24 @@ def service(owner: Owner, profile: EngineProfile) -> Obj:
             "ports": [port],
             # Not ``publishNotReadyAddresses: false``: the default, which a real API server
             # omits (omitempty), so rendering it would look like drift at every resync.
+        },
+    }
+
+
+def disruption_budget(owner: Owner) -> Obj:
+    """The PodDisruptionBudget of the model's pods: a drain evicts at most one at a time.
+
+    ``maxUnavailable: 1``, not ``minAvailable: 1``: the latter on a one-replica model would refuse
+    every eviction, and a node drain would wait on it forever. A pod that is not Ready (crash
+    looping, still loading) may always be evicted (``AlwaysAllow``), so it never blocks a drain.
+    """
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner),
+        "spec": {
+            "selector": {"matchLabels": {MODEL_LABEL: owner.name}},
+            "maxUnavailable": 1,
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
