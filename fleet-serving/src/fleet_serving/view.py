@@ -193,7 +193,10 @@ class ClusterView:
         valid = seen.spec is not None and seen.error is None
         desired = seen.spec.replicas if seen.spec is not None and valid else 0
         reason = self._unplaceable(seen.spec) if seen.spec is not None else None
-        problems = sorted((self.pod_problems.get(key) or {}).values())
+        # A replica that only fails its readiness probe says least of why the model is not ready.
+        problems = sorted(
+            (self.pod_problems.get(key) or {}).values(), key=lambda p: (p[0] == "NotReady", p)
+        )
         unschedulable = [message for reason, message in problems if reason == "Unschedulable"]
         starting = [problem for problem in problems if problem[0] != "Unschedulable"]
         if facts is not None and facts.stalled is not None:
