@@ -196,8 +196,8 @@ class RealCluster(Cluster):
         self.cluster.patch(path, {"spec": {"progressDeadlineSeconds": 1}})
 
     def clean(self) -> None:
-        """Let the test's FleetModels go (the operator that would remove kopf's finalizer is
-        stopped by now) and delete the namespace."""
+        """Let the test's FleetModels go: a test may have put an earlier release's finalizer on
+        them, and the operator that would remove it is stopped by now."""
         models = self.cluster.request("GET", _PATHS["fleetmodels"].format(ns=self.namespace))
         for fm in models["items"]:
             path = f"{_PATHS['fleetmodels'].format(ns=self.namespace)}/{fm['metadata']['name']}"

@@ -1,7 +1,8 @@
 """Why pods do not start reaches the FleetModel's status (not ``Pending/Starting 0/N`` forever).
 
 The kubelet's waiting reasons (a missing key Secret, an image that cannot be pulled, a crash
-loop), a failing ``fetch-weights`` init container and a rollout past its progress deadline, each
+loop), an engine killed for its memory, one failing its readiness probe, a failing
+``fetch-weights`` init container and a rollout past its progress deadline, each
 written as the kubelet or the Deployment controller would, on kmock and on a real API server.
 """
 
@@ -27,6 +28,23 @@ def waiting(container: str, reason: str, message: str, *, init: bool = False) ->
     return {"phase": "Pending", key: [status]}
 
 
+def oom_killed() -> dict[str, Any]:
+    """Back-off after the kernel killed the engine for its memory."""
+    status = waiting("engine", "CrashLoopBackOff", CRASH)
+    killed = {"exitCode": 137, "reason": "OOMKilled", "startedAt": "2026-12-01T09:58:00Z",
+              "finishedAt": "2026-12-01T09:59:30Z"}  # fmt: skip
+    status["containerStatuses"][0]["lastState"] = {"terminated": killed}
+    return status
+
+
+def not_ready() -> dict[str, Any]:
+    """Running past its startup probe, failing its readiness probe."""
+    state = {"running": {"startedAt": "2026-12-01T10:00:00Z"}}
+    status = {"name": "engine", "ready": False, "started": True, "restartCount": 2, "image": "x",
+              "imageID": "", "state": state}  # fmt: skip
+    return {"phase": "Running", "containerStatuses": [status]}
+
+
 SECRET = 'secret "fleet-engine-key" not found'
 PULL = 'Back-off pulling image "vllm/vllm-openai:v0.0.0"'
 CRASH = "back-off 5m0s restarting failed container=engine"
@@ -38,6 +56,10 @@ CASES = {
     "crash-loop": (waiting("engine", "CrashLoopBackOff", CRASH), "CrashLoopBackOff", CRASH),
     "fetch-weights": (waiting("fetch-weights", "CrashLoopBackOff", FETCH, init=True),
                       "FetchWeightsFailed", FETCH),
+    "oom-killed": (oom_killed(), "OOMKilled",
+                   "container engine was killed with no memory limit"),
+    "not-ready": (not_ready(), "NotReady",
+                  "container engine is running but fails its readiness probe (restarts: 2)"),
 }  # fmt: skip
 
 

@@ -9,9 +9,9 @@ statuses, sources); the only I/O here goes through :class:`fleet_serving.kube.Ku
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +26,7 @@ from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import GROUP, PLURAL, VERSION, FleetModelSpec, check_name, decode_spec
 from fleet_serving.view import ClusterView, Key, SourceIssue
 
-__all__ = ["Deps", "build_registry"]
+__all__ = ["Deps", "build_registry", "reconcile"]
 
 _MANAGED: dict[str, Any] = {
     "app.kubernetes.io/managed-by": "fleet-serving",
@@ -69,7 +69,7 @@ async def publish_status(deps: Deps, key: Key) -> None:
             raise _temporary(exc) from exc
 
 
-async def reconcile(body: kopf.Body, deps: Deps, logger: Any) -> None:
+async def reconcile(body: Mapping[str, Any], deps: Deps, logger: Any) -> None:
     """Bring the Deployment, Service and PodDisruptionBudget of one FleetModel to their desired
     state."""
     seen = deps.view.put_model(body, deleted=False)
@@ -83,7 +83,8 @@ async def reconcile(body: kopf.Body, deps: Deps, logger: Any) -> None:
         await publish_status(deps, key)  # Failed, with the reason
         raise
     registry = await _resolve_registry(deps, key, spec)
-    owner = rendering.Owner(name=seen.name, namespace=seen.namespace, uid=body.metadata.uid or "")
+    uid = body["metadata"].get("uid") or ""
+    owner = rendering.Owner(name=seen.name, namespace=seen.namespace, uid=uid)
     desired = [
         rendering.deployment(owner, spec, profile, registry),
         rendering.service(owner, profile),
@@ -148,8 +149,14 @@ async def _refresh_all(deps: Deps) -> None:
         await publish_status(deps, key)
 
 
-def build_registry(*, resync_seconds: float = 60.0) -> kopf.OperatorRegistry:
-    """A registry holding every handler of the operator."""
+def build_registry() -> kopf.OperatorRegistry:
+    """A registry holding every handler of the operator.
+
+    None of them makes kopf put a finalizer on a FleetModel (no timers or daemons on them, no
+    on.delete handler), so deleting one never waits for the operator: the garbage collector
+    removes its Deployment and Service by their owner references. The periodic resync is one
+    operator-wide loop instead (:mod:`fleet_serving.resyncing`).
+    """
     registry = kopf.OperatorRegistry()
 
     @kopf.on.startup(registry=registry)
@@ -157,6 +164,9 @@ def build_registry(*, resync_seconds: float = 60.0) -> kopf.OperatorRegistry:
         # Keep kopf's bookkeeping in our own annotations: the structural schema prunes status.kopf.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        # The finalizer that releases before this one put on every FleetModel (for a per-object
+        # resync timer). Named here, kopf removes it from any object it sees carrying it, as no
+        # handler requires it: upgrading leaves no delete waiting.
         settings.persistence.finalizer = f"{GROUP}/resync"
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
@@ -169,20 +179,6 @@ def build_registry(*, resync_seconds: float = 60.0) -> kopf.OperatorRegistry:
             await reconcile(body, memo, logger)
         except InvalidSpec as exc:
             raise kopf.PermanentError(str(exc)) from exc  # retried only when the spec changes
-
-    @kopf.timer(
-        GROUP,
-        VERSION,
-        PLURAL,
-        interval=resync_seconds,
-        initial_delay=resync_seconds,
-        registry=registry,
-    )
-    async def fleetmodel_resync(body: kopf.Body, memo: Deps, logger: Any, **_: Any) -> None:
-        """Catch missed events and correct drift on owned objects."""
-        # An invalid spec already has its status; failing the timer would stop it for good.
-        with contextlib.suppress(InvalidSpec):
-            await reconcile(body, memo, logger)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def fleetmodel_seen(body: kopf.Body, type: str | None, memo: Deps, **_: Any) -> None:

@@ -2,7 +2,8 @@
 
 ``main()`` is the only place that reads the command line and the environment. Resources (the
 Kubernetes API client, the HTTP session, the cluster view) are opened once in :func:`run` and handed
-to handlers through kopf's memo.
+to handlers through kopf's memo, and to the two loops that run beside kopf: the reporter and the
+resync.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import aiohttp
 import kopf
 from kubernetes_asyncio import client, config
 
+from fleet_serving import resyncing
 from fleet_serving import settings as settings_module
 from fleet_serving.control_plane import WeightsClient
 from fleet_serving.errors import ConfigError
@@ -54,7 +56,7 @@ async def _kube_configuration(kubeconfig: str | None) -> client.Configuration:
 async def run(settings: Settings) -> None:
     """Run the operator until it is stopped (SIGINT/SIGTERM)."""
     configuration = await _kube_configuration(settings.kubeconfig)
-    registry = build_registry(resync_seconds=settings.resync_seconds)
+    registry = build_registry()
     # The bare OperatorRegistry has no login handlers: use kopf's own, for the same client.
     kopf.on.login(registry=registry)(kopf.login_via_async_client)
     async with client.ApiClient(configuration) as api, aiohttp.ClientSession() as session:
@@ -71,7 +73,12 @@ async def run(settings: Settings) -> None:
             weights_retry_s=min(15.0, settings.resync_seconds),
         )
         reporter = Reporter(settings.reporter, view, session)
-        reporting = asyncio.create_task(reporter.run(), name="inventory-reporter")
+        tasks = [
+            asyncio.create_task(reporter.run(), name="inventory-reporter"),
+            asyncio.create_task(
+                resyncing.resync_forever(deps, interval=settings.resync_seconds), name="resync"
+            ),
+        ]
         try:
             await kopf.operator(
                 registry=registry,
@@ -82,9 +89,11 @@ async def run(settings: Settings) -> None:
                 namespaces=settings.namespaces,
             )
         finally:
-            reporting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporting
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
 
 def main(argv: Sequence[str] | None = None) -> None:

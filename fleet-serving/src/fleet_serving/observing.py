@@ -6,6 +6,7 @@ knows their field paths (capacity, NVIDIA GPU feature-discovery labels, Endpoint
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -170,14 +171,16 @@ PROBLEM_REASONS = frozenset({
     "CreateContainerConfigError", "CreateContainerError", "ImagePullBackOff", "ErrImagePull",
     "InvalidImageName", "CrashLoopBackOff", "RunContainerError",
 })  # fmt: skip
-"""Kubelet waiting reasons that mean a container will not start without a change."""
+"""Kubelet waiting reasons that mean a container will not start without a change. A pod's
+problem reasons are these, ``Unschedulable``, ``FetchWeightsFailed`` / ``InitContainerFailed``,
+``OOMKilled`` and ``NotReady`` (:func:`pod_problem`)."""
 
 
 def _init_reason(name: str) -> str:
     return "FetchWeightsFailed" if name == "fetch-weights" else "InitContainerFailed"
 
 
-def _container_problem(status: Mapping[str, Any], *, init: bool) -> tuple[str, str] | None:
+def _waiting_problem(status: Mapping[str, Any], *, init: bool) -> tuple[str, str] | None:
     name = str(status.get("name") or "?")
     what = f"init container {name}" if init else f"container {name}"
     state = status.get("state") or {}
@@ -193,20 +196,68 @@ def _container_problem(status: Mapping[str, Any], *, init: bool) -> tuple[str, s
     return None
 
 
+def _memory_limit(pod: Mapping[str, Any], container: str) -> str | None:
+    for spec in (pod.get("spec") or {}).get("containers") or []:
+        if spec.get("name") == container:
+            limit = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
+            return str(limit) if limit else None
+    return None
+
+
+def _oom_problem(pod: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The container was last killed for its memory and does not serve again yet (waiting in a
+    crash loop, or restarted and not ready). A ready container's old OOM kill is history."""
+    state = status.get("state") or {}
+    ended = (status.get("lastState") or {}).get("terminated") or state.get("terminated") or {}
+    if ended.get("reason") != "OOMKilled" or status.get("ready"):
+        return None
+    name = str(status.get("name") or "?")
+    restarts = int(status.get("restartCount") or 0)
+    limit = _memory_limit(pod, name)
+    if limit is None:
+        why = "with no memory limit, so its node ran out of memory"
+        fix = "set resources.requests.memory and resources.limits.memory to what it needs"
+    else:
+        why = f"at its memory limit of {limit}"
+        fix = "raise resources.limits.memory"
+    return "OOMKilled", (
+        f"container {name} was killed {why} (OOMKilled, restarts: {restarts}); {fix}, or serve "
+        "a smaller model or a shorter context"
+    )
+
+
+def _not_ready_problem(status: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Running and past its startup probe (``started``), yet not ready: the readiness probe
+    fails. A container still starting (``started`` false or absent) is not flagged."""
+    running = "running" in (status.get("state") or {})
+    if not running or status.get("started") is not True or status.get("ready"):
+        return None
+    name = str(status.get("name") or "?")
+    restarts = int(status.get("restartCount") or 0)
+    return "NotReady", (
+        f"container {name} is running but fails its readiness probe (restarts: {restarts})"
+    )
+
+
 def pod_problem(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """Why a pod does not start, as (reason, message): the scheduler's Unschedulable, a failing
-    init container (``fetch-weights``), or a container the kubelet cannot start or keeps
-    restarting (a missing Secret, an image that cannot be pulled, a crash loop); else None."""
+    """Why a pod does not start or serve, as (reason, message), the first of: the scheduler's
+    Unschedulable, a failing init container (``fetch-weights``), a container killed for its
+    memory (OOMKilled), one the kubelet cannot start or keeps restarting (a missing Secret, an
+    image that cannot be pulled, a crash loop), one running whose readiness probe fails
+    (NotReady, unless the pod is being deleted); else None."""
     message = unschedulable_message(pod)
     if message is not None:
         return "Unschedulable", message
     status = pod.get("status") or {}
-    for init, key in ((True, "initContainerStatuses"), (False, "containerStatuses")):
-        for container in status.get(key) or []:
-            found = _container_problem(container, init=init)
-            if found is not None:
-                return found
-    return None
+    containers = status.get("containerStatuses") or []
+    deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+    found = itertools.chain(
+        (_waiting_problem(c, init=True) for c in status.get("initContainerStatuses") or []),
+        (_oom_problem(pod, c) for c in containers),
+        (_waiting_problem(c, init=False) for c in containers),
+        (_not_ready_problem(c) for c in containers if not deleting),
+    )
+    return next((problem for problem in found if problem is not None), None)
 
 
 def unschedulable_message(pod: Mapping[str, Any]) -> str | None:

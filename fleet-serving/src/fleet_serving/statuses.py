@@ -4,9 +4,9 @@ Phases: ``Failed`` (the spec can never run: wrong weight format for the engine, 
 renders cannot be applied: a foreign object in the way, an object the API server refused),
 ``Scheduling`` (no node can take a replica, or the scheduler says a pod is Unschedulable),
 ``Pending`` (placed, not all replicas ready yet — with the kubelet's reason when a pod cannot
-start: CreateContainerConfigError, ImagePullBackOff, CrashLoopBackOff, FetchWeightsFailed, … or
-ProgressDeadlineExceeded — or a ``registry:`` model whose files cannot be fetched yet and no
-replica serving), ``Ready`` (every desired replica ready).
+start or serve: CreateContainerConfigError, ImagePullBackOff, OOMKilled, CrashLoopBackOff,
+FetchWeightsFailed, NotReady, … or ProgressDeadlineExceeded — or a ``registry:`` model whose
+files cannot be fetched yet and no replica serving), ``Ready`` (every desired replica ready).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class Observation(msgspec.Struct, kw_only=True, frozen=True):
     unschedulable: str | None = None
     not_starting: tuple[str, str] | None = None
     """(reason, message) of a pod the kubelet cannot start (a missing Secret, an image pull, a
-    crash loop, a failing init container), or of a rollout past its progress deadline."""
+    crash loop, an OOM kill, a failing init container) or whose readiness probe fails, or of a
+    rollout past its progress deadline."""
     weights_unavailable: str | None = None
     desired: int = 0
     ready: int = 0

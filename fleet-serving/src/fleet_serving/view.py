@@ -81,6 +81,8 @@ class ClusterView:
     def __init__(self) -> None:
         self.nodes: dict[str, ObservedNode] = {}
         self.models: dict[Key, ModelView] = {}
+        self.bodies: dict[Key, Mapping[str, Any]] = {}
+        """Each FleetModel's object as last seen, for the operator-wide resync."""
         self.deployments: dict[Key, observing.DeploymentFacts] = {}
         self.slices: dict[Key, tuple[str, tuple[Endpoint, ...]]] = {}
         self.pod_problems: dict[Key, dict[str, tuple[str, str]]] = {}
@@ -121,10 +123,12 @@ class ClusterView:
         if deleted:
             self.source_issues.pop(key, None)
             self.apply_issues.pop(key, None)
+            self.bodies.pop(key, None)
             self._touch(self.models.pop(key, None) is not None)
             return None
         self._touch(self.models.get(key) != seen)
         self.models[key] = seen
+        self.bodies[key] = body
         return seen
 
     def put_deployment(self, key: Key, body: Mapping[str, Any], *, deleted: bool) -> bool:
@@ -189,7 +193,10 @@ class ClusterView:
         valid = seen.spec is not None and seen.error is None
         desired = seen.spec.replicas if seen.spec is not None and valid else 0
         reason = self._unplaceable(seen.spec) if seen.spec is not None else None
-        problems = sorted((self.pod_problems.get(key) or {}).values())
+        # A replica that only fails its readiness probe says least of why the model is not ready.
+        problems = sorted(
+            (self.pod_problems.get(key) or {}).values(), key=lambda p: (p[0] == "NotReady", p)
+        )
         unschedulable = [message for reason, message in problems if reason == "Unschedulable"]
         starting = [problem for problem in problems if problem[0] != "Unschedulable"]
         if facts is not None and facts.stalled is not None:
