@@ -28,8 +28,9 @@
 #      under that secret, in the models' namespace (read by the engines);
 #   2. applies the overlay and waits for the control plane;
 #   3. issues the operator (this cluster), gateway, metrics and engine credentials through its
-#      API and stores each in its Secret; binds the cluster to its pod network and no model yet
-#      (an admin binds each served model name: printed at the end);
+#      API and stores each in its Secret (again when the control plane no longer knows the one
+#      stored: run install.sh again after giving it a database); binds the cluster to its pod
+#      network and no model yet (an admin binds each served model name: printed at the end);
 #   4. restarts the gateway and the operator, which read their Secrets at start, and waits.
 set -euo pipefail
 
@@ -112,7 +113,17 @@ call() {  # method, path[, body]: the admin's call, its token through a file des
   curl -sf -X "$1" "$api$2" -H @<(printf 'Authorization: Bearer %s\n' "$admin") \
     ${3:+-H "Content-Type: application/json" -d "$3"}
 }
+known() {  # namespace, secret: whether the control plane accepts the credential stored there
+  local token
+  token="$(k -n "$1" get secret "$2" -o jsonpath='{.data.token}' | base64 -d)"
+  [[ -n $token ]] && curl -sf "$api/api/v1/whoami" \
+    -H @<(printf 'Authorization: Bearer %s\n' "$token") >/dev/null
+}
 issue() {  # role, namespace, secret[, clusterId]: a new credential's secret into the Secret
+  if ! missing "$2" "$3" && ! known "$2" "$3"; then  # issued before the control plane had a database
+    say "the control plane does not know the credential in $2/$3: issuing a new one"
+    k -n "$2" delete secret "$3" >/dev/null
+  fi
   if missing "$2" "$3"; then
     call POST /api/v1/credentials \
       "{\"role\": \"$1\", \"label\": \"install\"${4:+, \"clusterId\": \"$4\"}}" \

@@ -19,6 +19,7 @@
 #   FLEET_CLUSTER_ID, FLEET_POD_CIDR   the cluster's id and pod network (default k3s, 10.42.0.0/16)
 #   FLEET_DATABASE_URL, FLEET_REDIS_URL   step 4: the control plane's Postgres and the gateways'
 #                          Redis, as pods reach them (required for step 4)
+#   FLEET_OVERLAY          step 4 runs install.sh again with it (default deploy/overlays/k3s)
 #   FLEET_APISERVER_URL    the control plane from this machine; unset, a port-forward;
 #                          `clusterip`: its Service's address, from a node
 #   KUBECTL, FLEET_CLI     the kubectl and fleet commands (default: kubectl, fleet)
@@ -92,7 +93,8 @@ step4() {  # a database for the control plane (and Redis for the gateways)
     | k -n fleet-system create secret generic fleet-core --from-env-file=/dev/stdin >/dev/null
   k -n fleet-system rollout restart deployment/fleet-apiserver deployment/fleet-gateway >/dev/null
   k -n fleet-system rollout status deployment/fleet-apiserver --timeout=300s >/dev/null
-  k -n fleet-system rollout status deployment/fleet-gateway --timeout=300s >/dev/null
+  # The credentials step 2 issued lived in the control plane's memory: issue them again.
+  FLEET_OVERLAY="${FLEET_OVERLAY:-$here/overlays/k3s}" "$here/install.sh"
 }
 
 step5() {  # a model into the registry
