@@ -135,6 +135,15 @@ step7() {  # a key and a chat completion, then the request in the ledger
   call POST /api/v1/projects '{"tenantId": "walk", "name": "default"}' >/dev/null || true
   key="$(call POST /api/v1/keys '{"projectId": "walk/default", "label": "walk"}' \
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["secret"], end="")')"
+  # The new key and the model's endpoint reach the gateway within seconds: until it lists the
+  # model as ready to this key, a request would be 401 or 503.
+  for _ in $(seq 60); do
+    curl -sf "$gateway/v1/models" -H @<(printf 'Authorization: Bearer %s\n' "$key") \
+      | python3 -c 'import json, sys
+sys.exit(0 if any(m["id"] == sys.argv[1] and m["ready"] for m in json.load(sys.stdin)["data"]) else 1)' "$model" \
+      && break
+    sleep 1
+  done
   answer="$(curl -sf "$gateway/v1/chat/completions" -H @<(printf 'Authorization: Bearer %s\n' "$key") \
     -H 'content-type: application/json' \
     -d "{\"model\": \"$model\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 8}")"
