@@ -107,7 +107,7 @@ def walked(
         relayed, own = (url.split("@", 1)[1].split("/", 1)[0]
                         for url in (pods_database, postgres_server.url))  # fmt: skip
         admin = Api(
-            cluster_ip(kube_node, "fleet-apiserver", 8081), base64.b64decode(token).decode()
+            cluster_ip(kube_node, "fleet-apiserver", 8081), base64.b64decode(token).decode().strip()
         )
         shipped = Shipped(
             node=kube_node,
@@ -163,7 +163,7 @@ def test_a_rollout_never_stops_serving_and_an_oom_killed_one_never_replaces_it(
 
         second = eventually_blocking(replaced, within=120, what="the old pod gone")
         traffic.until_answered(3)
-        shipped.patch({"spec": {"engineArgs": ["--threads", "1", "--no-mmap"],
+        shipped.patch({"spec": {"engineArgs": ["--threads", "1", "--load-mode", "none"],
                                 "resources": {"limits": {"memory": "64Mi"}}}})  # fmt: skip
         oom = shipped.until_status(lambda s: s.get("reason") == "OOMKilled", within=300,
                                    what="the new pod OOMKilled")  # fmt: skip
@@ -202,7 +202,8 @@ def test_a_stalled_engine_is_named_and_restarted_by_its_liveness_probe(walked: W
     assert status["restartCount"] >= 1, status
     assert restarted["readyReplicas"] == 1
     codes = {a.code for a in traffic.answers if a.status not in (200, None)}
-    assert codes <= {"no_ready_endpoint", "upstream_timeout", "upstream_error"}, traffic.answers
+    expected = {"no_ready_endpoint", "engine_timeout", "upstream_unavailable", "engine_error"}
+    assert codes <= expected, traffic.answers
     assert traffic.answers[-1].status == 200
     ledger_matches(shipped, key_id, traffic.answers)
 
