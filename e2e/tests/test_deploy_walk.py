@@ -196,7 +196,9 @@ def test_a_stalled_engine_is_named_and_restarted_by_its_liveness_probe(walked: W
                              what="NotReady")  # fmt: skip
         restarted = shipped.until_status(lambda s: s.get("phase") == "Ready", within=240,
                                          what="Ready after the restart")  # fmt: skip
-        traffic.until_answered(3)
+        # the gateway's own health check lets the endpoint back in within a minute
+        eventually_blocking(lambda: traffic.answers[-1].status == 200, within=60,
+                            what="a 200 again")  # fmt: skip
     (pod,) = shipped.engine_pods()
     status = next(s for s in pod["status"]["containerStatuses"] if s["name"] == "engine")
     assert status["restartCount"] >= 1, status
@@ -204,7 +206,6 @@ def test_a_stalled_engine_is_named_and_restarted_by_its_liveness_probe(walked: W
     codes = {a.code for a in traffic.answers if a.status not in (200, None)}
     expected = {"no_ready_endpoint", "engine_timeout", "upstream_unavailable", "engine_error"}
     assert codes <= expected, traffic.answers
-    assert traffic.answers[-1].status == 200
     ledger_matches(shipped, key_id, traffic.answers)
 
 
