@@ -102,6 +102,23 @@ async def test_a_nul_anywhere_is_400_before_postgres(
         assert "\x00" not in response.text
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("PUT", "/api/v1/model-rates/a%0Ab"),  # a {model:path} route: a line break stopped it
+        ("GET", "/api/v1/model-rates/m%0A"),
+        ("GET", "/api/v1/tenants/a%09b"),
+        ("DELETE", "/api/v1/clusters/c%7F"),
+    ],
+)
+async def test_a_control_character_in_the_path_is_400_not_a_missing_route(
+    db_api: str, admin_headers: dict[str, str], method: str, path: str
+) -> None:
+    async with httpx.AsyncClient(headers=admin_headers, base_url=db_api) as http:
+        response = await http.request(method, path, json={"prompt": 1, "completion": 1})
+        assert envelope(response, 400)["code"] == "control_character"
+
+
 async def test_an_escaped_backslash_before_u0000_is_not_a_nul(
     db_api: str, admin_headers: dict[str, str]
 ) -> None:

@@ -121,15 +121,29 @@ async def _on_crash(request: Request, exc: Exception) -> Response:
     return render(FleetError("an internal error occurred; it has been logged"))
 
 
+_CONTROL = re.compile(r"[\x01-\x1f\x7f]")
+"""ASCII control characters but NUL (refused by name, per parameter: `inputs.check_text`)."""
+
+
 class TrailingSlashMiddleware:
     """``/api/v1/tenants/`` is ``/api/v1/tenants``: a trailing slash is tolerated everywhere,
-    without a redirect (a client that PUTs a body must not be sent elsewhere)."""
+    without a redirect (a client that PUTs a body must not be sent elsewhere). A path holding a
+    control character is a 400 before routing: a line break would stop a ``{name:path}`` route
+    from matching, and the client would read a 404 for a route that exists."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
+        if scope["type"] == "http" and _CONTROL.search(path):
+            refused = InvalidRequest(
+                "the path holds a control character (a line break, a tab, …): percent-encoding "
+                "does not make one part of a name",
+                code="control_character",
+            )
+            await render(refused)(scope, receive, send)
+            return
         if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
             scope = {**scope, "path": path.rstrip("/") or "/"}
         await self.app(scope, receive, send)
