@@ -43,8 +43,8 @@ def run_on_copy(
 def test_unchanged_contract_passes(tmp_path: Path) -> None:
     result = run_on_copy(tmp_path, {})
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "inventory: ok: compatible with 1.3.0" in result.stdout
-    assert "weights: ok: compatible with 1.3.0" in result.stdout
+    assert "inventory: ok: compatible with 1.4.0" in result.stdout
+    assert "weights: ok: compatible with 1.4.0" in result.stdout
 
 
 BREAKING = {
@@ -97,7 +97,7 @@ def test_breaking_change_fails_without_major_bump(tmp_path: Path, kind: str) -> 
 @pytest.mark.parametrize("kind", sorted(BREAKING))
 def test_breaking_change_passes_with_major_bump(tmp_path: Path, kind: str) -> None:
     old, new, _ = BREAKING[kind]
-    bump = ('__version__ = "1.3.0"', '__version__ = "2.0.0"')
+    bump = ('__version__ = "1.4.0"', '__version__ = "2.0.0"')
     result = run_on_copy(tmp_path, {INVENTORY: (old, new), VERSION: bump})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "major bump" in result.stdout
@@ -112,16 +112,16 @@ def test_added_optional_field_passes(tmp_path: Path) -> None:
 
 def test_minor_bump_with_breaking_change_still_fails(tmp_path: Path) -> None:
     old, new, _ = BREAKING["removed"]
-    bump = ('__version__ = "1.3.0"', '__version__ = "1.3.1"')
+    bump = ('__version__ = "1.4.0"', '__version__ = "1.4.1"')
     result = run_on_copy(tmp_path, {INVENTORY: (old, new), VERSION: bump})
     assert result.returncode == 1
 
 
 def test_version_older_than_the_last_snapshot_fails(tmp_path: Path) -> None:
-    bump = ('__version__ = "1.3.0"', '__version__ = "1.2.5"')
+    bump = ('__version__ = "1.4.0"', '__version__ = "1.2.5"')
     result = run_on_copy(tmp_path, {VERSION: bump})
     assert result.returncode == 1
-    assert "older than 1.3.0" in result.stdout
+    assert "older than 1.4.0" in result.stdout
 
 
 def test_the_committed_snapshots_match_the_released_types() -> None:
@@ -129,22 +129,36 @@ def test_the_committed_snapshots_match_the_released_types() -> None:
     since_1_0 = compat.compare(json.loads((schemas / "inventory-v1.0.0.json").read_text()),
                                report_schema())  # fmt: skip
     assert sorted((c.path, c.breaking) for c in since_1_0) == [
+        ("$.deployments[].accelerator", False),
+        ("$.deployments[].adapters", False),
+        ("$.deployments[].gpuShare", False),
         ("$.deployments[].registryModel", False),
+        ("$.nodes[].gpus[].migSlices[].share", False),
         ("$.nodes[].gpus[].resource", False),
         ("$.reportIntervalSeconds", False),
     ]
     since_1_1 = compat.compare(json.loads((schemas / "inventory-v1.1.0.json").read_text()),
                                report_schema())  # fmt: skip
     assert sorted((c.path, c.breaking) for c in since_1_1) == [
+        ("$.deployments[].accelerator", False),
+        ("$.deployments[].adapters", False),
+        ("$.deployments[].gpuShare", False),
+        ("$.nodes[].gpus[].migSlices[].share", False),
         ("$.nodes[].gpus[].resource", False),
         ("$.reportIntervalSeconds", False),
     ]
     since_1_2 = compat.compare(json.loads((schemas / "inventory-v1.2.0.json").read_text()),
                                report_schema())  # fmt: skip
-    assert [(c.path, c.breaking) for c in since_1_2] == [("$.reportIntervalSeconds", False)]
-    assert compat.compare(json.loads((schemas / "inventory-v1.3.0.json").read_text()),
+    assert sorted((c.path, c.breaking) for c in since_1_2) == [
+        ("$.deployments[].accelerator", False),
+        ("$.deployments[].adapters", False),
+        ("$.deployments[].gpuShare", False),
+        ("$.nodes[].gpus[].migSlices[].share", False),
+        ("$.reportIntervalSeconds", False),
+    ]
+    assert compat.compare(json.loads((schemas / "inventory-v1.4.0.json").read_text()),
                           report_schema()) == []  # fmt: skip
-    assert compat.compare(json.loads((schemas / "weights-v1.3.0.json").read_text()),
+    assert compat.compare(json.loads((schemas / "weights-v1.4.0.json").read_text()),
                           weights_schema()) == []  # fmt: skip
 
 

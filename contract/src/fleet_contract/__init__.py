@@ -11,6 +11,7 @@ from fleet_contract.errors import ContractError, DecodeError, UnsupportedSchemaV
 from fleet_contract.inventory import (
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
+    CardShare,
     Endpoint,
     Engine,
     Gpu,
@@ -33,6 +34,7 @@ from fleet_contract.weights import (
 __all__ = [
     "SCHEMA_VERSION",
     "SUPPORTED_SCHEMA_VERSIONS",
+    "CardShare",
     "ContractError",
     "DecodeError",
     "Endpoint",

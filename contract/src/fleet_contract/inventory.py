@@ -19,6 +19,7 @@ from msgspec import Meta
 __all__ = [
     "SCHEMA_VERSION",
     "SUPPORTED_SCHEMA_VERSIONS",
+    "CardShare",
     "Endpoint",
     "Engine",
     "Gpu",
@@ -46,6 +47,18 @@ Positive = Annotated[int, Meta(ge=1)]
 Name = Annotated[str, Meta(min_length=1)]
 ComputeCapability = Annotated[str, Meta(pattern=r"^[0-9]+\.[0-9]+$")]
 UtcTime = Annotated[datetime, Meta(tz=True)]
+AdapterName = Annotated[str, Meta(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][\w.:/\-]*$")]
+
+
+class CardShare(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """What part of one physical card a device is: ``numerator / denominator`` (since 1.4.0).
+
+    A MIG slice ``1g.10gb`` of an H100 is 1/7 of the card (one of its seven compute slices); an
+    A30's ``2g.12gb`` is 2/4. Exact, so a month's close over slices adds up to whole cards.
+    """
+
+    numerator: Annotated[int, Meta(ge=1, le=64)]
+    denominator: Annotated[int, Meta(ge=1, le=64)]
 
 
 class MigSlice(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
@@ -53,6 +66,9 @@ class MigSlice(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
 
     profile: Name
     count: NonNegative
+    share: CardShare | None = None
+    """Each slice's part of its card (since 1.4.0); None from older reporters, whose slices the
+    control plane does not price."""
 
 
 class Gpu(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
@@ -111,6 +127,16 @@ class ModelDeployment(msgspec.Struct, kw_only=True, frozen=True, rename="camel")
     registry_model: str | None = None
     """The registry model id when the FleetModel's source is ``registry:`` (since 1.1.0), so the
     control plane knows which models are in use."""
+    accelerator: str | None = None
+    """The extended resource each replica asks ``gpusPerReplica`` of (``nvidia.com/gpu``,
+    ``nvidia.com/mig-1g.10gb``, ``amd.com/gpu``, ``huawei.com/Ascend910``), since 1.4.0; None from
+    older reporters (``nvidia.com/gpu`` then)."""
+    gpu_share: CardShare | None = None
+    """When the accelerator is part of a card (a MIG slice), what part each device is (since
+    1.4.0); None for whole cards."""
+    adapters: tuple[AdapterName, ...] = ()
+    """LoRA adapters the endpoints serve beside ``servedModelName`` (since 1.4.0): each is a model
+    name clients may send, routed to the same endpoints and billed under its own name."""
 
 
 class InventoryReport(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):

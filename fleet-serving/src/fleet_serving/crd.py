@@ -35,6 +35,11 @@ _NAME_RULE = {
 }
 
 
+_MIG_RULE = {
+    "rule": "!has(self.migProfile) || !has(self.vendor) || self.vendor == 'nvidia'",
+    "message": "migProfile is NVIDIA MIG: it needs vendor nvidia",
+}
+
 def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if "$ref" in node:
         return _structural(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
@@ -74,6 +79,7 @@ def openapi_schema() -> dict[str, Any]:
     """The structural OpenAPI v3 schema of a FleetModel object."""
     spec_schema = _schema_of(spec.FleetModelSpec)
     spec_schema["properties"]["source"]["x-kubernetes-validations"] = [_SOURCE_RULE]
+    spec_schema["properties"]["accelerator"]["x-kubernetes-validations"] = [_MIG_RULE]
     return {
         "type": "object",
         "x-kubernetes-validations": [_NAME_RULE],

@@ -18,6 +18,7 @@ from fleet_contract import Engine, Phase, WeightFormat
 from fleet_serving.errors import InvalidSpec
 
 __all__ = [
+    "Accelerator",
     "DEFAULT_ENGINE_KEY",
     "GROUP",
     "KIND",
@@ -99,6 +100,20 @@ class Resources(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     limits: dict[str, Quantity] = {}
 
 
+MigProfile = Annotated[str, Meta(max_length=32, pattern=r"^[1-9]g\.[0-9]+gb(\+me)?$")]
+
+
+class Accelerator(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """What ``gpusPerReplica`` counts: whole cards of a vendor, or NVIDIA MIG slices."""
+
+    vendor: Literal["nvidia", "amd", "huawei"] = "nvidia"
+    """``nvidia`` (``nvidia.com/gpu``), ``amd`` (``amd.com/gpu``, ROCm) or ``huawei`` (Ascend
+    NPUs, ``huawei.com/Ascend910``)."""
+    mig_profile: MigProfile | None = None
+    """NVIDIA only: ask for MIG slices ``nvidia.com/mig-<profile>`` (e.g. ``1g.10gb``) instead of
+    whole GPUs."""
+
+
 class Toleration(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     """A Pod toleration, as Kubernetes spells it."""
 
@@ -119,6 +134,7 @@ class FleetModelSpec(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     engine: Engine
     replicas: NonNegative = 1
     gpus_per_replica: Annotated[int, Meta(ge=0, le=16)] = 1
+    accelerator: Accelerator = Accelerator()
     engine_args: list[str] = []
     """Extra engine flags, appended after the ones the operator sets."""
     resources: Resources = Resources()
@@ -175,6 +191,8 @@ def decode_spec(spec: Mapping[str, Any]) -> FleetModelSpec:
     chosen = [s for s in ("registry", "hugging_face", "uri") if getattr(decoded.source, s)]
     if len(chosen) != 1:
         raise InvalidSpec("spec.source needs exactly one of registry, huggingFace or uri")
+    if decoded.accelerator.mig_profile and decoded.accelerator.vendor != "nvidia":
+        raise InvalidSpec("spec.accelerator.migProfile is NVIDIA MIG: it needs vendor nvidia")
     return decoded
 
 
