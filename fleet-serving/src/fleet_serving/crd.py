@@ -40,6 +40,7 @@ _MIG_RULE = {
     "message": "migProfile is NVIDIA MIG: it needs vendor nvidia",
 }
 
+
 def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if "$ref" in node:
         return _structural(defs[node["$ref"].rsplit("/", 1)[-1]], defs)

@@ -18,12 +18,12 @@ from fleet_contract import Engine, Phase, WeightFormat
 from fleet_serving.errors import InvalidSpec
 
 __all__ = [
-    "Accelerator",
     "DEFAULT_ENGINE_KEY",
     "GROUP",
     "KIND",
     "PLURAL",
     "VERSION",
+    "Accelerator",
     "Condition",
     "FleetModelSpec",
     "FleetModelStatus",
