@@ -61,12 +61,25 @@ def test_rounding_happens_once_on_exact_sums() -> None:
     assert sum(figures.by_cluster.values()) == figures.pool
 
 
+def test_a_slice_hour_is_a_seventh_of_a_card_hour_exactly() -> None:
+    seventh = Fraction(HOUR_US, 7)  # one hour on one 1g.10gb slice of an H100
+    usage = ClusterUsage("mig", [(2 * 720 * HOUR_US, 7_000_000)], busy_gpu_us=seventh)
+    assert price([usage]).busy == 1_000_000
+    # against half an hour on a whole card: weights 2/9 and 7/9, exactly
+    assert allocation.allocate(9_000_000_000, {"acme": seventh, "globex": HOUR_US // 2}) == {
+        "acme": 2_000_000_000,
+        "globex": 7_000_000_000,
+    }
+
+
 def test_allocate_orders_keys_for_deterministic_ties() -> None:
     assert allocation.allocate(1, {("b", "x"): 1, ("a", "x"): 1}) == {("a", "x"): 1, ("b", "x"): 0}
 
 
 rates = st.integers(min_value=0, max_value=50_000_000)
-gpu_us = st.integers(min_value=0, max_value=8 * 31 * 24 * HOUR_US)
+whole_us = st.integers(min_value=0, max_value=8 * 31 * 24 * HOUR_US)
+# GPU-time with MIG slices in it: exact fractions of GPU-µs (ADR 0026)
+gpu_us = st.one_of(whole_us, st.builds(Fraction, whole_us, st.integers(1, 64 * 2520)))
 clusters = st.lists(
     st.builds(
         lambda name, capacity, busy: ClusterUsage(name, capacity, busy),
@@ -79,7 +92,10 @@ clusters = st.lists(
 )
 usage = st.dictionaries(
     st.tuples(st.sampled_from(["acme", "globex", ""]), st.sampled_from(["chat", "batch"])),
-    st.integers(min_value=0, max_value=10**13),
+    st.one_of(
+        st.integers(min_value=0, max_value=10**13),
+        st.builds(Fraction, st.integers(0, 10**13), st.integers(1, 64 * 2520)),
+    ),
     max_size=6,
 )
 
@@ -94,7 +110,7 @@ def test_busy_and_idle_add_up_to_the_pool(found: list[ClusterUsage]) -> None:
 
 @given(st.integers(min_value=0, max_value=10**15), usage)
 def test_the_whole_pool_is_allocated_and_only_to_users(
-    pool: int, used: dict[tuple[str, str], int]
+    pool: int, used: dict[tuple[str, str], Fraction]
 ) -> None:
     allocated = allocation.allocate(pool, used)
     if any(used.values()):
@@ -109,7 +125,7 @@ def test_the_whole_pool_is_allocated_and_only_to_users(
 
 @given(st.integers(min_value=0, max_value=10**15), usage, st.integers(min_value=2, max_value=9))
 def test_scaling_every_tenants_usage_keeps_the_allocation(
-    pool: int, used: dict[tuple[str, str], int], factor: int
+    pool: int, used: dict[tuple[str, str], Fraction], factor: int
 ) -> None:
     scaled = {k: v * factor for k, v in used.items()}
     assert allocation.allocate(pool, scaled) == allocation.allocate(pool, used)
@@ -117,7 +133,7 @@ def test_scaling_every_tenants_usage_keeps_the_allocation(
 
 @given(st.integers(min_value=0, max_value=10**15), usage)
 def test_each_share_is_within_one_unit_of_its_exact_quota(
-    pool: int, used: dict[tuple[str, str], int]
+    pool: int, used: dict[tuple[str, str], Fraction]
 ) -> None:
     whole = sum(used.values())
     for key, amount in allocation.allocate(pool, used).items():

@@ -85,6 +85,14 @@ def test_differences_leave_out_zeros() -> None:
 
 
 HOUR_US = 3_600_000_000
+
+
+def cards_us(most: int) -> st.SearchStrategy[Fraction]:
+    """GPU-µs: whole, or exact fractions where MIG slices are in them (ADR 0026)."""
+    whole = st.integers(0, most).map(Fraction)
+    return st.one_of(whole, st.builds(Fraction, st.integers(0, most), st.integers(1, 64 * 2520)))
+
+
 measurements = st.builds(
     lambda caps, rates, busy, used: Measurements(
         observed_us={c: MONTH_US for c in caps},
@@ -93,12 +101,12 @@ measurements = st.builds(
         busy_gpu_us=busy,
         used_gpu_us=used,
     ),
-    st.dictionaries(st.sampled_from("abc"), st.integers(0, 8 * 720 * HOUR_US), max_size=3),
+    st.dictionaries(st.sampled_from("abc"), cards_us(8 * 720 * HOUR_US), max_size=3),
     st.integers(0, 20_000_000),
-    st.dictionaries(st.sampled_from("abc"), st.integers(0, 9 * 720 * HOUR_US), max_size=3),
+    st.dictionaries(st.sampled_from("abc"), cards_us(9 * 720 * HOUR_US), max_size=3),
     st.dictionaries(
         st.tuples(st.sampled_from(["acme", "globex", ""]), st.sampled_from(["x", "y"])),
-        st.integers(0, 10**13),
+        cards_us(10**13),
         max_size=6,
     ),
 )
@@ -115,7 +123,9 @@ def test_any_month_adds_up_to_the_micro_unit(found: Measurements) -> None:
     assert sum(c.pool for c in report.clusters) == report.pool
     if any(found.used_gpu_us.values()):
         assert report.unallocated == 0
-    assert all(a.allocated == 0 or a.used_gpu_microseconds > 0 for a in report.allocations)
+    assert all(
+        a.allocated == 0 or found.used_gpu_us[(a.tenant, a.project)] > 0 for a in report.allocations
+    )
 
 
 @given(measurements, st.integers(2, 5))

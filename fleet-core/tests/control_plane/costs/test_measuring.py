@@ -47,9 +47,21 @@ requests = st.lists(
 )
 
 
-@given(requests, st.integers(min_value=0, max_value=8))
+# whole GPUs, or GPUs per replica × a MIG slice's share of a card
+cards = st.one_of(
+    st.integers(min_value=0, max_value=8),
+    st.builds(
+        lambda g, n, d: g * Fraction(n, d),
+        st.integers(0, 8),
+        st.integers(1, 64),
+        st.integers(1, 64),
+    ),
+)
+
+
+@given(requests, cards)
 def test_shares_sum_to_busy_time_which_is_at_most_the_span(
-    found: list[tuple[int, int, str]], gpus: int
+    found: list[tuple[int, int, str]], gpus: Fraction
 ) -> None:
     busy, shares = replica_usage(found, gpus=gpus)
     assert sum(shares.values()) == busy

@@ -1,13 +1,15 @@
-"""The arithmetic of a closed month, as pure functions over integers.
+"""The arithmetic of a closed month, as pure functions over exact numbers.
 
-Money is integer micro-units; GPU-time is integer GPU-microseconds; a rate is micro-units per
-GPU-hour. Every amount is computed exactly (``Fraction``) and rounded once, so the invariants hold
-to the micro-unit for any input: ``busy + idle == pool``, ``0 <= busy <= pool`` and
+Money is integer micro-units; GPU-time is GPU-microseconds, an integer for whole GPUs and an
+exact fraction where MIG slices count as their part of a card (ADR 0026); a rate is micro-units
+per GPU-hour. Every amount is computed exactly (``Fraction``) and rounded once, so the invariants
+hold to the micro-unit for any input: ``busy + idle == pool``, ``0 <= busy <= pool`` and
 ``sum(allocated) == pool`` whenever anyone used the fleet (ADR 0006).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -32,14 +34,14 @@ class ClusterUsage:
     """One cluster's month: GPU-time observed at each rate, and GPU-time some request occupied."""
 
     cluster: str
-    capacity: Sequence[tuple[int, int]]
+    capacity: Sequence[tuple[Fraction | int, int]]
     """``(gpu_us, gpu_hour_micro)`` per rate in effect; GPU-time observed at that rate."""
-    busy_gpu_us: int
+    busy_gpu_us: Fraction | int
     """The union of in-flight time per replica × its GPUs (not yet capped by capacity)."""
 
     @property
-    def capacity_gpu_us(self) -> int:
-        return sum(gpu_us for gpu_us, _ in self.capacity)
+    def capacity_gpu_us(self) -> Fraction:
+        return sum((Fraction(gpu_us) for gpu_us, _ in self.capacity), Fraction(0))
 
     @property
     def cost(self) -> Fraction:
@@ -94,10 +96,18 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
     return parts
 
 
-def allocate(pool: int, usage: Mapping[K, int]) -> dict[K, int]:
-    """The pool split by usage; keys in sorted order break remainder ties (deterministic)."""
+def allocate(pool: int, usage: Mapping[K, Fraction | int]) -> dict[K, int]:
+    """The pool split by usage (exact fractions or integers); keys in sorted order break
+    remainder ties (deterministic)."""
     keys = sorted(usage, key=repr)
-    return dict(zip(keys, apportion(pool, [usage[k] for k in keys]), strict=True))
+    weights = _integers([Fraction(usage[k]) for k in keys])
+    return dict(zip(keys, apportion(pool, weights), strict=True))
+
+
+def _integers(values: Sequence[Fraction]) -> list[int]:
+    """Exact fractions as integers in the same proportions (over their common denominator)."""
+    common = math.lcm(*(value.denominator for value in values))
+    return [int(value * common) for value in values]
 
 
 def price(clusters: Sequence[ClusterUsage]) -> Figures:
@@ -105,9 +115,8 @@ def price(clusters: Sequence[ClusterUsage]) -> Figures:
     pool = round_half_up(sum((c.cost for c in clusters), Fraction(0)))
     busy = round_half_up(sum((c.busy_cost for c in clusters), Fraction(0)))
     ordered = sorted(clusters, key=lambda c: c.cluster)
-    # exact cost as integer weights: numerators over the common denominator US_PER_HOUR
-    weights = [sum(gpu_us * rate for gpu_us, rate in c.capacity) for c in ordered]
-    shares = apportion(pool, weights)
+    # exact cost as integer weights: numerators over one common denominator
+    shares = apportion(pool, _integers([c.cost for c in ordered]))
     return Figures(
         pool=pool,
         busy=busy,

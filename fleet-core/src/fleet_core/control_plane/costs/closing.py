@@ -80,7 +80,7 @@ def compose(
         allocation.ClusterUsage(
             cluster=c,
             capacity=[(s.gpu_us, s.gpu_hour_micro) for s in found.slices if s.cluster == c],
-            busy_gpu_us=found.busy_gpu_us.get(c, 0),
+            busy_gpu_us=found.busy_gpu_us.get(c, Fraction(0)),
         )
         for c in coverage
     ]
@@ -106,7 +106,12 @@ def compose(
         clusters=[_cluster(period, u, coverage[u.cluster], found, figures) for u in usages],
         tenants=_tenants(used, allocated, corrections),
         allocations=[
-            Allocation(tenant=t, project=p, used_gpu_microseconds=used[(t, p)], allocated=a)
+            Allocation(
+                tenant=t,
+                project=p,
+                used_gpu_microseconds=allocation.round_half_up(used[(t, p)]),
+                allocated=a,
+            )
             for (t, p), a in sorted(allocated.items())
         ],
         corrections=corrections,
@@ -150,7 +155,7 @@ def _require_bounded(period: Period, figures: allocation.Figures) -> None:
 
 
 def _require_rates(found: Measurements) -> str | None:
-    priced: dict[str, int] = defaultdict(int)
+    priced: dict[str, Fraction] = defaultdict(Fraction)
     for s in found.slices:
         priced[s.cluster] += s.gpu_us
     for cluster, gpu_us in sorted(found.capacity_gpu_us.items()):
@@ -182,7 +187,7 @@ def _rates(found: Measurements) -> list[RateUsed]:
             cluster=s.cluster,
             gpu_hour_micro=s.gpu_hour_micro,
             effective_from=s.effective_from,
-            observed_gpu_microseconds=s.gpu_us,
+            observed_gpu_microseconds=allocation.round_half_up(s.gpu_us),
         )
         for s in found.slices
         if s.gpu_us
@@ -201,31 +206,36 @@ def _cluster(
         coverage=float(coverage),
         observed_seconds=found.observed_us.get(usage.cluster, 0) // _US,
         existed_seconds=existed_us(period, found, usage.cluster) // _US,
-        observed_gpu_microseconds=found.capacity_gpu_us.get(usage.cluster, 0),
-        busy_gpu_microseconds=min(usage.busy_gpu_us, usage.capacity_gpu_us),
+        observed_gpu_microseconds=allocation.round_half_up(
+            found.capacity_gpu_us.get(usage.cluster, Fraction(0))
+        ),
+        busy_gpu_microseconds=allocation.round_half_up(
+            min(Fraction(usage.busy_gpu_us), usage.capacity_gpu_us)
+        ),
         pool=figures.by_cluster.get(usage.cluster, 0),
     )
 
 
 def _tenants(
-    used: dict[tuple[str, str], int],
+    used: dict[tuple[str, str], Fraction],
     allocated: dict[tuple[str, str], int],
     corrections: list[CorrectionLine],
 ) -> list[TenantTotal]:
-    rows: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    busy: dict[str, Fraction] = defaultdict(Fraction)
+    rows: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for (tenant, _), gpu_us in used.items():
-        rows[tenant][0] += gpu_us
+        busy[tenant] += gpu_us
     for (tenant, _), amount in allocated.items():
-        rows[tenant][1] += amount
+        rows[tenant][0] += amount
     for line in corrections:
-        rows[line.tenant][2] += line.amount
+        rows[line.tenant][1] += line.amount
     return [
         TenantTotal(
             tenant=t,
-            used_gpu_microseconds=u,
+            used_gpu_microseconds=allocation.round_half_up(busy[t]),
             allocated=a,
             corrections=c,
             due=a + c,
         )
-        for t, (u, a, c) in sorted(rows.items())
+        for t, (a, c) in sorted(rows.items())
     ]

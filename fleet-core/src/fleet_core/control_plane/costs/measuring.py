@@ -2,7 +2,8 @@
 
 Times are integer microseconds since the epoch. The closing queries compute the same figures with
 window functions over millions of rows; these functions say what those figures are, and the tests
-hold the SQL to them.
+hold the SQL to them. GPUs are counted in cards, exactly: a MIG slice is its share of one (1/7),
+so GPU-time is a ``Fraction`` of GPU-microseconds wherever slices are in it (ADR 0026).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from datetime import datetime
 from fractions import Fraction
 from typing import TypeVar
 
-__all__ = ["Measurements", "RateSlice", "observed_intervals", "replica_usage"]
+__all__ = ["Cards", "Measurements", "RateSlice", "observed_intervals", "replica_usage"]
 
 K = TypeVar("K", bound=Hashable)
+Cards = int | Fraction
+"""A number of GPUs in cards: whole, or with slices as their part of a card."""
 
 
 @dataclass(frozen=True)
@@ -24,34 +27,36 @@ class RateSlice:
     gpu_hour_micro: int
     currency: str
     effective_from: datetime | None
-    gpu_us: int
+    gpu_us: Fraction
 
 
 @dataclass
 class Measurements:
-    """What the queries found for a month; every figure an integer."""
+    """What the queries found for a month; every figure exact (GPU-time a fraction, for slices)."""
 
     observed_us: dict[str, int] = field(default_factory=dict)
     """Per cluster, microseconds of the month some sample vouched for."""
     existed_us: dict[str, int] = field(default_factory=dict)
     """Per cluster, microseconds of the month within its lifetime: first report to decommission,
     or to what its last report vouches for."""
-    capacity_gpu_us: dict[str, int] = field(default_factory=dict)
+    capacity_gpu_us: dict[str, Fraction] = field(default_factory=dict)
     slices: list[RateSlice] = field(default_factory=list)
     """Observed GPU-time per cluster and rate in effect."""
-    busy_gpu_us: dict[str, int] = field(default_factory=dict)
-    used_gpu_us: dict[tuple[str, str], int] = field(default_factory=dict)
-    """Per (tenant, project): its share of busy GPU-time."""
+    busy_gpu_us: dict[str, Fraction] = field(default_factory=dict)
+    used_gpu_us: dict[tuple[str, str], Fraction] = field(default_factory=dict)
+    """Per (tenant, project): its share of busy GPU-time, the weight of the split. The part on
+    whole GPUs is rounded half up to the GPU-µs, as before slices were priced (old months
+    recompute the same); the part on slices is exact."""
     unplaced: int = 0
 
 
 def observed_intervals(
-    samples: Sequence[tuple[int, int]], *, start: int, end: int, max_gap_us: int
-) -> list[tuple[int, int, int]]:
-    """``(from, to, gpus)`` the inventory vouches for within ``[start, end)``.
+    samples: Sequence[tuple[int, Cards]], *, start: int, end: int, max_gap_us: int
+) -> list[tuple[int, int, Cards]]:
+    """``(from, to, cards)`` the inventory vouches for within ``[start, end)``.
 
     A sample holds until the next one, but for at most ``max_gap_us``: the rest of a longer gap
-    is unobserved, not assumed. ``samples`` are ``(observed_at, gpus)`` in time order.
+    is unobserved, not assumed. ``samples`` are ``(observed_at, cards)`` in time order.
     """
     found = []
     for i, (at, gpus) in enumerate(samples):
@@ -64,13 +69,14 @@ def observed_intervals(
 
 
 def replica_usage(
-    requests: Iterable[tuple[int, int, K]], *, gpus: int
-) -> tuple[int, dict[K, Fraction]]:
+    requests: Iterable[tuple[int, int, K]], *, gpus: Cards
+) -> tuple[Cards, dict[K, Fraction]]:
     """Busy GPU-time of one replica, and each key's share of it.
 
     The replica's GPUs are busy while at least one request is in flight; requests in flight
     together split each moment equally. ``requests`` are ``(start, end, key)``, already clipped
-    to the period. The shares sum to the busy time.
+    to the period; ``gpus`` is what the replica holds in cards (gpusPerReplica × gpuShare). The
+    shares sum to the busy time.
     """
     events = sorted(
         (
@@ -81,7 +87,7 @@ def replica_usage(
         ),
         key=lambda event: event[:2],
     )
-    busy = 0
+    busy: Cards = 0
     shares: dict[K, Fraction] = {}
     active: dict[K, int] = {}
     for i, (t, delta, key) in enumerate(events):

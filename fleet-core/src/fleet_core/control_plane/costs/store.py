@@ -57,20 +57,23 @@ def _us(ts: str) -> str:
 # cluster existed ('existed'). Clusters are those with samples near the month, those reporting
 # now and those decommissioned; their first and last samples come from the primary key's index.
 # GPU-time is summed as numeric: the largest count a report may carry (2^31 - 1 GPUs) over a
-# 31-day month is 5.8e21 GPU-µs, past bigint; Python carries the figure on exactly.
+# 31-day month is 5.8e21 GPU-µs, past bigint; Python carries the figure on exactly. A sample's
+# MIG slices are slice_num / slice_den cards (ADR 0026): their time is summed per denominator,
+# as integers, and Python adds the fractions ('gpu_us' whole GPUs, 'slice_us' over 'den').
 _OBSERVED = f"""
 WITH s AS (
-    SELECT cluster_id, observed_at AS t, gpus,
+    SELECT cluster_id, observed_at AS t, gpus, slice_num, slice_den,
            lead(observed_at) OVER (PARTITION BY cluster_id ORDER BY observed_at) AS next_t
     FROM capacity_samples
     WHERE observed_at >= %(start)s - %(gap)s AND observed_at < %(end)s
 ), iv AS (
-    SELECT s.cluster_id, gpus, greatest(t, %(start)s) AS a,
+    SELECT s.cluster_id, gpus, slice_num, slice_den, greatest(t, %(start)s) AS a,
            least(coalesce(next_t, 'infinity'), t + %(gap)s, %(end)s,
                  coalesce(d.decommissioned_at, 'infinity')) AS b
     FROM s LEFT JOIN cluster_decommissions d USING (cluster_id)
 ), obs AS (
-    SELECT cluster_id, gpus, {_us("a")} AS a, {_us("b")} AS b FROM iv WHERE b > a
+    SELECT cluster_id, gpus, slice_num, slice_den, {_us("a")} AS a, {_us("b")} AS b
+    FROM iv WHERE b > a
 ), r AS (
     SELECT id, cluster_id, gpu_hour_micro, currency, effective_from,
            CASE WHEN effective_from = '-infinity' THEN -9223372036854775807
@@ -93,18 +96,24 @@ WITH s AS (
     SELECT cluster_id, greatest(first_at, %(start)s) AS a,
            least(coalesce(decommissioned_at, last_at + %(gap)s), %(end)s) AS b
     FROM span
+), priced AS (
+    SELECT o.*, r.gpu_hour_micro, r.currency, r.effective_from,
+           least(o.b, r.rb) - greatest(o.a, r.ra) AS us
+    FROM obs o LEFT JOIN r ON r.cluster_id = o.cluster_id AND r.ra < o.b AND r.rb > o.a
 )
-SELECT 'rate' AS kind, o.cluster_id, r.gpu_hour_micro, r.currency,
-       nullif(r.effective_from, '-infinity') AS effective_from,
-       sum(o.gpus::numeric * (least(o.b, r.rb) - greatest(o.a, r.ra))) AS gpu_us
-FROM obs o LEFT JOIN r ON r.cluster_id = o.cluster_id AND r.ra < o.b AND r.rb > o.a
-GROUP BY 1, 2, 3, 4, 5
+SELECT 'rate' AS kind, cluster_id, gpu_hour_micro, currency,
+       nullif(effective_from, '-infinity') AS effective_from, slice_den AS den,
+       sum(gpus::numeric * us) AS gpu_us, sum(slice_num * us) AS slice_us
+FROM priced
+GROUP BY 1, 2, 3, 4, 5, 6
 UNION ALL
-SELECT 'seconds', cluster_id, NULL, NULL, NULL, sum(b - a)::numeric FROM obs GROUP BY 2
+SELECT 'seconds', cluster_id, NULL, NULL, NULL, 1, sum(b - a)::numeric, 0 FROM obs GROUP BY 2
 UNION ALL
-SELECT 'gpu', cluster_id, NULL, NULL, NULL, sum(gpus::numeric * (b - a)) FROM obs GROUP BY 2
+SELECT 'gpu', cluster_id, NULL, NULL, NULL, slice_den, sum(gpus::numeric * (b - a)),
+       sum(slice_num * (b - a))
+FROM obs GROUP BY 2, 6
 UNION ALL
-SELECT 'existed', cluster_id, NULL, NULL, NULL, ({_us("b")} - {_us("a")})::numeric
+SELECT 'existed', cluster_id, NULL, NULL, NULL, 1, ({_us("b")} - {_us("a")})::numeric, 0
 FROM life WHERE b > a
 """
 
@@ -164,7 +173,8 @@ WITH ev AS (
     SELECT replica, key, sum(len) AS busy, sum(-d * (upto - share)::bigint) AS used
     FROM f GROUP BY 1, 2
 )
-SELECT p.cluster_id, p.gpus_per_replica AS g, s.key, s.busy, s.used
+SELECT p.cluster_id, p.gpus_per_replica AS g, p.share_num AS sn, p.share_den AS sd, s.key,
+       s.busy, s.used
 FROM summed s JOIN endpoint_placements p USING (replica)
 """
 
@@ -308,8 +318,7 @@ class CostStore:
             await conn.execute(setting)
         cursor = conn.cursor(row_factory=dict_row)
         await cursor.execute(_OBSERVED, params)
-        for row in await cursor.fetchall():
-            _observed_row(found, row)
+        _observed(found, await cursor.fetchall())
         await cursor.execute(_KEYS, params)
         keys: dict[int, tuple[str, str]] = {}
         for row in await cursor.fetchall():
@@ -318,12 +327,22 @@ class CostStore:
             if seen != (row["tenant"], row["project"]):
                 raise RuntimeError(f"cost key hash collision between {seen} and {row}")
         await cursor.execute(_USAGE, params)
-        used: dict[tuple[str, str], Fraction] = {}
+        # A project's weight: its share on whole GPUs rounded half up to the GPU-µs, as closes
+        # computed it before slices were priced (so a month closed then recomputes to the same
+        # micro-unit), plus its share on slices exactly (ADR 0026).
+        whole: dict[tuple[str, str], Fraction] = {}
+        sliced: dict[tuple[str, str], Fraction] = {}
         for row in await cursor.fetchall():
-            cluster, key, gpus = row["cluster_id"], keys[row["key"]], row["g"]
-            found.busy_gpu_us[cluster] = found.busy_gpu_us.get(cluster, 0) + gpus * int(row["busy"])
-            used[key] = used.get(key, Fraction(0)) + Fraction(gpus * int(row["used"]), SCALE)
-        found.used_gpu_us = {key: round_half_up(share) for key, share in used.items()}
+            cluster, key = row["cluster_id"], keys[row["key"]]
+            cards = Fraction(row["g"] * row["sn"], row["sd"])  # the replica's part of cards
+            busy = found.busy_gpu_us.get(cluster, Fraction(0)) + cards * int(row["busy"])
+            found.busy_gpu_us[cluster] = busy
+            into = whole if row["sn"] == row["sd"] else sliced
+            into[key] = into.get(key, Fraction(0)) + cards * int(row["used"]) / SCALE
+        found.used_gpu_us = {
+            key: round_half_up(whole.get(key, Fraction(0))) + sliced.get(key, Fraction(0))
+            for key in whole.keys() | sliced.keys()
+        }
         return found
 
     async def save(
@@ -379,24 +398,23 @@ class CostStore:
         return self._pool.connection()
 
 
-def _observed_row(found: Measurements, row: dict[str, Any]) -> None:
-    cluster, gpu_us = row["cluster_id"], int(row["gpu_us"] or 0)
-    if row["kind"] == "seconds":
-        found.observed_us[cluster] = gpu_us
-    elif row["kind"] == "existed":
-        found.existed_us[cluster] = gpu_us
-    elif row["kind"] == "gpu":
-        found.capacity_gpu_us[cluster] = gpu_us
-    elif row["gpu_hour_micro"] is not None:  # else: observed time no rate covers
-        found.slices.append(
-            RateSlice(
-                cluster=cluster,
-                gpu_hour_micro=row["gpu_hour_micro"],
-                currency=row["currency"],
-                effective_from=_utc(row["effective_from"]),
-                gpu_us=gpu_us,
-            )
-        )
+def _observed(found: Measurements, rows: list[dict[str, Any]]) -> None:
+    """The rows of ``_OBSERVED`` into ``found``: time per cluster, GPU-time (whole GPUs plus
+    slices, one row per slice denominator) per cluster and per rate, as exact fractions."""
+    priced: dict[tuple[str, int, str, datetime | None], Fraction] = {}
+    for row in rows:
+        cluster, amount = row["cluster_id"], int(row["gpu_us"] or 0)
+        gpu_us = amount + Fraction(int(row["slice_us"] or 0), int(row["den"]))
+        if row["kind"] == "seconds":
+            found.observed_us[cluster] = amount
+        elif row["kind"] == "existed":
+            found.existed_us[cluster] = amount
+        elif row["kind"] == "gpu":
+            found.capacity_gpu_us[cluster] = found.capacity_gpu_us.get(cluster, 0) + gpu_us
+        elif row["gpu_hour_micro"] is not None:  # else: observed time no rate covers
+            rate = (cluster, row["gpu_hour_micro"], row["currency"], _utc(row["effective_from"]))
+            priced[rate] = priced.get(rate, Fraction(0)) + gpu_us
+    found.slices = [RateSlice(*rate, gpu_us=gpu_us) for rate, gpu_us in priced.items()]
 
 
 def _utc(value: datetime | None) -> datetime | None:

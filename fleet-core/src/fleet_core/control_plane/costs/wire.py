@@ -45,7 +45,8 @@ class RateUsed(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     gpu_hour_micro: int
     effective_from: datetime | None
     observed_gpu_microseconds: int
-    """GPU-time of the period priced at this rate."""
+    """GPU-time of the period priced at this rate, a MIG slice counting as its part of a card;
+    rounded half up to the GPU-µs here, exact in the pool (ADR 0026)."""
 
 
 class ClusterCost(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -54,8 +55,11 @@ class ClusterCost(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """observedSeconds / existedSeconds."""
     observed_seconds: int
     observed_gpu_microseconds: int
+    """Observed cards × time: whole GPUs, and MIG slices as their part of a card (rounded half
+    up to the GPU-µs here; exact in the pool)."""
     busy_gpu_microseconds: int
-    """In-flight time per replica × its GPUs, capped by what was observed."""
+    """In-flight time per replica × its GPUs (× the share of a card each is, for MIG slices),
+    capped by what was observed."""
     pool: int
     existed_seconds: int = 0
     """The part of the period the cluster existed: from its first report to its decommission,
@@ -67,7 +71,9 @@ class Allocation(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """'' for requests made without a tenant (an open gateway)."""
     project: str
     used_gpu_microseconds: int
-    """This project's share of busy GPU-time (concurrent requests split a replica's time)."""
+    """This project's share of busy GPU-time (concurrent requests split a replica's time), its
+    weight in the split: rounded half up to the GPU-µs here, its part on MIG slices exact in the
+    split (ADR 0026)."""
     allocated: int
 
 

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 import msgspec
 
 from fleet_contract import Endpoint, Engine, InventoryReport
-from fleet_core.control_plane.inventory import bindings
+from fleet_core.control_plane.inventory import bindings, cards
 from fleet_core.shared import endpoints
 from fleet_core.shared.errors import InvalidRequest
 
@@ -85,7 +85,8 @@ def _counts(report: InventoryReport) -> Iterable[tuple[str, int]]:
 
 
 def check_bounds(report: InventoryReport) -> None:
-    """400 naming the first count (or the GPU total) past ``MAX_COUNT``."""
+    """400 naming the first count (or the GPU total) past ``MAX_COUNT``, or the first card
+    share out of bounds (`cards.check_shares`: slices count against the same ceiling)."""
     for path, value in _counts(report):
         if value > MAX_COUNT:
             raise InvalidRequest(
@@ -93,6 +94,7 @@ def check_bounds(report: InventoryReport) -> None:
                 param=path,
                 code="out_of_range",
             )
+    cards.check_shares(report, max_cards=MAX_COUNT)
 
 
 def require_interval(report: InventoryReport, *, max_interval_s: int) -> None:

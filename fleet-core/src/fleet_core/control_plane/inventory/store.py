@@ -1,4 +1,4 @@
-"""Where reports are kept: the newest per cluster, and each report's GPU count as a time series.
+"""Where reports are kept: the newest per cluster, and each report's cards as a time series.
 
 Postgres when the control plane has a database; process memory otherwise, because inventory is one
 of the things the control plane serves without one (the series is then lost on restart, and the
@@ -16,6 +16,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from fleet_contract import InventoryReport, decode_report, encode_report
+from fleet_core.control_plane.inventory import cards
 from fleet_core.control_plane.inventory.bindings import Binding
 from fleet_core.control_plane.inventory.service import total_gpus
 from fleet_core.shared import paging
@@ -112,10 +113,19 @@ class PostgresInventory:
                 " WHERE inventory_reports.observed_at <= excluded.observed_at",
                 (report.cluster_id, report.observed_at, body),
             )
+            slices = cards.slice_cards(report)  # exact: numerator and denominator (ADR 0026)
             await conn.execute(
-                "INSERT INTO capacity_samples (cluster_id, observed_at, gpus) VALUES (%s, %s, %s)"
-                " ON CONFLICT (cluster_id, observed_at) DO UPDATE SET gpus = excluded.gpus",
-                (report.cluster_id, report.observed_at, total_gpus(report)),
+                "INSERT INTO capacity_samples (cluster_id, observed_at, gpus, slice_num, slice_den)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (cluster_id, observed_at) DO UPDATE"
+                " SET gpus = excluded.gpus, slice_num = excluded.slice_num,"
+                " slice_den = excluded.slice_den",
+                (
+                    report.cluster_id,
+                    report.observed_at,
+                    total_gpus(report),
+                    slices.numerator,
+                    slices.denominator,
+                ),
             )
             await conn.execute(  # a report after its decommission: the cluster is back
                 "DELETE FROM cluster_decommissions WHERE cluster_id = %s"
