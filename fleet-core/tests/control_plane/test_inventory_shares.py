@@ -106,9 +106,12 @@ async def test_a_share_equal_to_the_slices_is_accepted_and_placements_split_on_a
     whole = report(observedAt="2026-09-14T08:01:00Z")  # qwen back on whole GPUs
     async with httpx.AsyncClient(headers=admin_headers) as http:
         await bind(http, base=control_plane_url)
+        summaries = []
         for doc in (first, whole):
             put = await http.put(f"{control_plane_url}/api/v1/inventory", json=doc)
             assert put.status_code == 200, put.text
+            summaries.append((put.json()["gpus"], put.json()["cards"]))
+    assert summaries == [(9, "10"), (9, "9")]  # the second report's slices have no share
     with psycopg.connect(postgres_url) as conn:
         samples = conn.execute(
             "SELECT gpus, slice_num, slice_den FROM capacity_samples ORDER BY observed_at"

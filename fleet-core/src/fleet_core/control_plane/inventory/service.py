@@ -56,6 +56,9 @@ class ClusterSummary(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     gpus_on_ready_nodes: int
     gpus_by_product: dict[str, int]
     mig_slices: dict[str, int]
+    cards: str = "0"
+    """What the cost pool prices at this instant: whole GPUs plus MIG slices as their share of a
+    card, an exact fraction (``"2"``, ``"15/7"``); slices without a share are not in it."""
     deployments: int
     deployments_by_phase: dict[str, int]
 
@@ -157,6 +160,7 @@ def summarize(report: InventoryReport) -> ClusterSummary:
         gpus_on_ready_nodes=sum(g.count for n in ready for g in n.gpus),
         gpus_by_product=dict(by_product),
         mig_slices=dict(slices),
+        cards=str(cards.capacity(report)),
         deployments=len(report.deployments),
         deployments_by_phase=dict(Counter(d.phase for d in report.deployments)),
     )
