@@ -108,7 +108,10 @@ async def test_a_slice_hour_costs_its_part_of_a_card_and_the_month_adds_up(
         assert (await http.post(f"{daily_control_plane}/api/v1/cost-rates", json=rate)).is_success
         closed = await http.put(f"{daily_control_plane}/api/v1/cost-periods/2026-09")
         assert closed.status_code == 200, closed.text
+        # re-closing an unchanged month finds the same fractions: nothing booked
+        again = (await http.put(f"{daily_control_plane}/api/v1/cost-periods/2026-09")).json()
         report = (await http.get(f"{daily_control_plane}/api/v1/cost-periods/2026-09")).json()
+    assert (again["recomputes"], again["correctionsBooked"]) == (0, [])
     assert report["coverage"] == 1.0
     # capacity: 1 whole card + 7 × 1/7 = 2 cards, all month (it used to count 1)
     [cluster] = report["clusters"]
