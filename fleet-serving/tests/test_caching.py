@@ -91,15 +91,15 @@ def test_an_uncached_registry_model_is_bounded_by_its_served_files_plus_headroom
 def test_a_spec_size_bounds_a_hub_model_and_its_writer_the_engine() -> None:
     hub = {"huggingFace": {"repo": "ggml-org/tiny"}}
     p = pod(hub, {"sizeLimit": "20Gi"})
-    assert by_name(p["volumes"])["models"]["emptyDir"] == {"sizeLimit": "20480Mi"}
+    assert by_name(p["volumes"])["models"]["emptyDir"] == {"sizeLimit": "20Gi"}
     assert storage(p["containers"][0]) == "20736Mi"  # the model and 256Mi under HOME
     assert "initContainers" not in p
 
 
 def test_a_spec_size_bounds_an_s3_model_and_its_copier() -> None:
     p = pod({"uri": "s3://models/m.gguf"}, {"sizeLimit": "3Gi"})
-    assert by_name(p["volumes"])["models"]["emptyDir"] == {"sizeLimit": "3072Mi"}
-    assert storage(p["initContainers"][0]) == "3072Mi"
+    assert by_name(p["volumes"])["models"]["emptyDir"] == {"sizeLimit": "3Gi"}
+    assert storage(p["initContainers"][0]) == "3Gi"
     assert storage(p["containers"][0]) == "256Mi"  # the engine writes only HOME
 
 
@@ -122,6 +122,15 @@ def test_the_users_ephemeral_storage_figure_stands() -> None:
     only_limit = {"limits": {"ephemeral-storage": "2Gi"}}  # a request would default to it
     p = pod({"huggingFace": {"repo": "ggml-org/tiny"}}, resources=only_limit)
     assert p["containers"][0]["resources"]["requests"] == {"cpu": "500m", "memory": "1Gi"}
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(1, "1Mi"), (2**20, "1Mi"), (2**20 + 1, "2Mi"), (1536 * 2**20, "1536Mi"),
+     (2**30, "1Gi"), (2**40, "1Ti"), (2**50 + 1, "1073741825Mi")],
+)  # fmt: skip
+def test_sizes_are_written_as_the_api_server_writes_them(size: int, text: str) -> None:
+    assert caching.quantity(size) == text
 
 
 @pytest.mark.parametrize(

@@ -94,8 +94,14 @@ def _cached(spec: FleetModelSpec) -> bool:
 
 
 def quantity(size: int) -> str:
-    """A byte count as a quantity in whole MiB, rounded up (``sizeLimit`` and requests)."""
-    return f"{-(-size // MI)}Mi"
+    """A byte count as a quantity, rounded up to a whole MiB, in the API server's canonical form
+    (the largest binary unit that keeps it whole: ``20Gi``, not ``20480Mi``): ``sizeLimit`` is
+    compared as text, so another spelling would look like drift at every resync."""
+    value, units = -(-size // MI), ("Mi", "Gi", "Ti", "Pi", "Ei")
+    unit = 0
+    while value % 1024 == 0 and unit < len(units) - 1:
+        value, unit = value // 1024, unit + 1
+    return f"{value}{units[unit]}"
 
 
 def _parse(size: str) -> int:
