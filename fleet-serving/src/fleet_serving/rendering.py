@@ -211,11 +211,11 @@ def _fetcher(spec: FleetModelSpec, registry: RegistryWeights | None) -> list[Obj
     else:
         return []
     mounts = [*caching.fetch_mounts(spec, profiles.MODEL_DIR), _scratch_mount()]
-    requests = {"requests": dict(FETCH_REQUESTS)}
+    resources = caching.fetch_storage(spec, registry, {"requests": dict(FETCH_REQUESTS)})
     return [
         fetcher
         | {
-            "resources": caching.fetch_storage(spec, registry, requests),
+            "resources": resources,
             "securityContext": _container_security(),
             "volumeMounts": mounts,
         }
