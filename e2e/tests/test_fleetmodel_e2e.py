@@ -259,6 +259,14 @@ def test_two_replicas_on_a_cache_claim_download_the_model_once(fleet: Fleet) -> 
     volume = cache_claim(fleet, store)
     try:
         fleet.kubectl("apply", "-f", "-", stdin=fleetmodel_yaml(fleet.namespace, 2, "model-cache"))
+        deployment = f"/apis/apps/v1/namespaces/{fleet.namespace}/deployments/{FM_NAME}"
+
+        def claimed() -> bool:  # the operator rendered the claim: rollout status means the new pods
+            found = fleet.cluster.get(deployment) or {}
+            volumes = found.get("spec", {}).get("template", {}).get("spec", {}).get("volumes", [])
+            return any("persistentVolumeClaim" in v for v in volumes)
+
+        eventually_blocking(claimed, within=60, what="the Deployment with the cache claim")
         fleet.kubectl("rollout", "status", f"deployment/{FM_NAME}", "--timeout=300s")
         cached = [p["metadata"]["name"] for p in fleet.pods()
                   if any("persistentVolumeClaim" in v for v in p["spec"]["volumes"])]  # fmt: skip
