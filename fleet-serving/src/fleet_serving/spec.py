@@ -131,7 +131,8 @@ class ModelVolume(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     size_limit: VolumeSize | None = None
     """The emptyDir's ``sizeLimit`` and the writer's ``ephemeral-storage`` request, for a source
     whose size is not known before it is fetched (``huggingFace``, ``uri``); a ``registry:``
-    model's is its files' total plus headroom unless given."""
+    model's is its files' total plus headroom unless given. Unused with ``cacheClaim``, where
+    the emptyDir holds only links."""
 
 
 class Toleration(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
