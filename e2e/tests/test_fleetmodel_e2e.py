@@ -49,8 +49,9 @@ ENGINE_ARGS = [
 test_llama_server), one thread (ggml's threads spin-wait: on shared cores one is fastest)."""
 
 
-def fleetmodel_yaml(namespace: str, replicas: int) -> str:
+def fleetmodel_yaml(namespace: str, replicas: int, cache: str | None = None) -> str:
     args = ", ".join(f'"{a}"' for a in ENGINE_ARGS)
+    volume = f"\n  modelVolume: {{cacheClaim: {cache}}}" if cache else ""
     return f"""apiVersion: serving.fleet.dev/v1alpha1
 kind: FleetModel
 metadata: {{name: {FM_NAME}, namespace: {namespace}}}
@@ -61,7 +62,7 @@ spec:
   engine: llamacpp
   replicas: {replicas}
   gpusPerReplica: 0
-  engineArgs: [{args}]
+  engineArgs: [{args}]{volume}
 """
 
 
@@ -217,6 +218,72 @@ def test_scaling_to_two_replicas_routes_to_both_without_a_gateway_restart(fleet:
     assert route_until_served(fleet, set(urls)) == set(urls)
     assert gateway.poll() is None  # the same process all along: no restart
     assert fleet.procs.started["gateway"] is gateway
+
+
+def cache_claim(fleet: Fleet, store: Path) -> str:
+    """A claim bound to a hostPath PersistentVolume on ``store`` (the node's disk, as a `local`
+    volume or an NFS export would be); the PersistentVolume's name."""
+    store.mkdir()
+    os.chown(store, 65532, 65532)  # the pods' uid: a hostPath volume ignores fsGroup
+    volume = f"cache-{fleet.namespace}"
+    fleet.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=f"""apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: {volume}}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteMany]
+  storageClassName: ""
+  persistentVolumeReclaimPolicy: Retain
+  hostPath: {{path: {store}, type: Directory}}
+  claimRef: {{namespace: {fleet.namespace}, name: model-cache}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: model-cache, namespace: {fleet.namespace}}}
+spec:
+  accessModes: [ReadWriteMany]
+  storageClassName: ""
+  volumeName: {volume}
+  resources: {{requests: {{storage: 1Gi}}}}
+""",
+    )
+    return volume
+
+
+def test_two_replicas_on_a_cache_claim_download_the_model_once(fleet: Fleet) -> None:
+    store = fleet.workdir / "model-cache"
+    volume = cache_claim(fleet, store)
+    try:
+        fleet.kubectl("apply", "-f", "-", stdin=fleetmodel_yaml(fleet.namespace, 2, "model-cache"))
+        deployment = f"/apis/apps/v1/namespaces/{fleet.namespace}/deployments/{FM_NAME}"
+
+        def claimed() -> bool:  # the operator rendered the claim: rollout status means the new pods
+            found = fleet.cluster.get(deployment) or {}
+            volumes = found.get("spec", {}).get("template", {}).get("spec", {}).get("volumes", [])
+            return any("persistentVolumeClaim" in v for v in volumes)
+
+        eventually_blocking(claimed, within=60, what="the Deployment with the cache claim")
+        fleet.kubectl("rollout", "status", f"deployment/{FM_NAME}", "--timeout=300s")
+        cached = [p["metadata"]["name"] for p in fleet.pods()
+                  if any("persistentVolumeClaim" in v for v in p["spec"]["volumes"])]  # fmt: skip
+        assert len(cached) == 2
+        # One pod at a time rolls (maxSurge 1): the first downloads, the second finds the files.
+        logs = fleet.node.pod_logs(fleet.namespace)
+        fetches = [text for key, text in logs.items()
+                   if key.split("/")[:2] in ([pod, "fetch-weights"] for pod in cached)]  # fmt: skip
+        said = sorted("fetching" if "fetching" in t else "cached" for t in fetches)
+        assert said == ["cached", "fetching"], fetches
+        assert list((store / "sha256").iterdir())  # stored, each file once, by its sha256
+        assert list((store / "partial").iterdir()) == []
+        eventually_blocking(lambda: len(fleet.endpoints()) == 2, within=60, what="both routed")
+        with fleet.client() as client:
+            short_chat(client)  # the engine loads the model through the link into the claim
+    finally:
+        fleet.kubectl("delete", "pv", volume, "--wait=false")
 
 
 def processing(fleet: Fleet, pod: dict[str, Any]) -> bool:

@@ -83,6 +83,11 @@ async def test_the_api_server_enforces_the_crd_rules(
     fm_file.write_text(yaml.safe_dump(model))
     out = await kubectl(cluster.kubeconfig, cache, "apply", "-f", str(fm_file), ok=False)
     assert "give exactly one of registry, huggingFace or uri" in out
+    model["spec"] |= {"source": {"uri": "s3://b/c"}, "modelVolume": {"cacheClaim": "cache"}}
+    fm_file.write_text(yaml.safe_dump(model))
+    out = await kubectl(cluster.kubeconfig, cache, "apply", "-f", str(fm_file), ok=False)
+    assert "modelVolume.cacheClaim needs a registry: source" in out
+    del model["spec"]["modelVolume"]
     model["spec"] |= {"source": {"uri": "s3://b/c"}, "unknownField": 1}
     fm_file.write_text(yaml.safe_dump(model))
     out = await kubectl(cluster.kubeconfig, cache, "apply", "--validate=strict", "-f",

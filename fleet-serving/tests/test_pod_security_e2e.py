@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fleet_serving import profiles, rendering
+from fleet_serving import applying, profiles, rendering
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import decode_spec
 from fleet_testing.fix_kube import KubeCluster, KubeError
@@ -33,7 +33,12 @@ MODELS: dict[str, tuple[dict[str, Any], RegistryWeights | None]] = {
               "weightFormat": "safetensors", "engine": "vllm"}, None),
     "llamacpp": (GGUF | {"source": {"uri": "s3://models/m.gguf"}}, None),
     "registry": (GGUF | {"source": {"registry": "gemma"}}, REGISTRY),
+    "cached": (GGUF | {"source": {"registry": "gemma"},
+                       "modelVolume": {"cacheClaim": "model-cache"}}, REGISTRY),
 }  # fmt: skip
+CLAIM = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "model-cache"},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
+                  "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
 
 
 def rendered_pod(name: str, namespace: str) -> dict[str, Any]:
@@ -90,10 +95,20 @@ def test_rendered_pods_are_admitted_under_restricted(
     pods = f"/api/v1/namespaces/{restricted}/pods"
     pod = rendered_pod(model, restricted)
     assert len(pod["spec"].get("initContainers", [])) == (model != "vllm")
+    if model == "cached":  # a PVC volume is allowed under restricted; a hostPath is not
+        kube_cluster.create(f"/api/v1/namespaces/{restricted}/persistentvolumeclaims", CLAIM)
+        host = copy.deepcopy(pod)
+        host["metadata"]["name"] += "-host"
+        host["spec"]["volumes"][1] = {"name": "model-cache", "hostPath": {"path": "/models"}}
+        message = refusal(kube_cluster, pods, host, dry_run=True)
+        assert message is not None, "a pod with a hostPath cache was admitted"
+        assert "restricted volume types" in message, message
     assert refusal(kube_cluster, pods, pod, dry_run=False) is None
     created = kube_cluster.request("GET", f"{pods}/{model}")
     assert created["status"]["phase"] == "Pending"  # admitted; no scheduler places it
     assert created["spec"]["securityContext"]["runAsUser"] == rendering.RUN_AS
+    # The server's own spelling of sizes and volumes: no drift at every resync.
+    assert not applying.drifted(pod["spec"]["volumes"], created["spec"]["volumes"])
 
     message = refusal(kube_cluster, pods, unhardened(pod), dry_run=False)
     assert message is not None, "a pod without the securityContext was admitted"

@@ -209,7 +209,12 @@ def test_user_placement_resources_and_image_are_passed_through() -> None:
     assert pod["tolerations"][0] == {"key": "dedicated", "operator": "Equal", "value": "ml",
                                      "effect": "NoSchedule"}  # fmt: skip
     assert container(d)["resources"] == {
-        "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
+        "requests": {
+            "cpu": "8",
+            "memory": "64Gi",
+            "nvidia.com/gpu": "1",
+            "ephemeral-storage": "256Mi",
+        },
         "limits": {"memory": "64Gi", "nvidia.com/gpu": "1"},
     }
 
@@ -365,11 +370,9 @@ def test_a_read_only_root_leaves_every_container_a_writable_home_and_tmp(
 ) -> None:
     pod = pod_of(s, registry)
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes == {
-        "models": {"name": "models", "emptyDir": {}},
-        "shm": {"name": "shm", "emptyDir": {"medium": "Memory"}},
-        "tmp": {"name": "tmp", "emptyDir": {}},
-    }
+    assert volumes["shm"] == {"name": "shm", "emptyDir": {"medium": "Memory"}}
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}}
+    assert set(volumes) == {"models", "shm", "tmp"}
     for c in pod["containers"] + pod.get("initContainers", []):
         assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"], c["name"]
         env = {e["name"]: e.get("value") for e in c["env"]}
@@ -380,9 +383,11 @@ def test_a_read_only_root_leaves_every_container_a_writable_home_and_tmp(
 @pytest.mark.parametrize(
     ("s", "registry", "engine", "init"),
     [
-        (spec(), None, {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"}, None),
-        (_registry_spec(), REGISTRY, {"cpu": "500m", "memory": "1Gi"},
-         {"cpu": "100m", "memory": "256Mi"}),
+        (spec(), None, {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1",
+                        "ephemeral-storage": "256Mi"}, None),
+        (_registry_spec(), REGISTRY, {"cpu": "500m", "memory": "1Gi",
+                                      "ephemeral-storage": "256Mi"},
+         {"cpu": "100m", "memory": "256Mi", "ephemeral-storage": "65Mi"}),  # 4 B + 64Mi, rounded up
     ],
 )  # fmt: skip
 def test_pods_without_resources_get_engine_requests_and_are_burstable(
@@ -403,7 +408,7 @@ def test_resources_the_user_names_are_not_defaulted() -> None:
     # No memory request: one above the user's 4Gi limit would be refused, and Kubernetes makes
     # the request equal to the limit anyway.
     assert resources == {
-        "requests": {"cpu": "16", "nvidia.com/gpu": "1"},
+        "requests": {"cpu": "16", "nvidia.com/gpu": "1", "ephemeral-storage": "256Mi"},
         "limits": {"memory": "4Gi", "nvidia.com/gpu": "1"},
     }
 

@@ -41,6 +41,14 @@ _MIG_RULE = {
 }
 
 
+_CACHE_RULE = {
+    "rule": (
+        "!has(self.modelVolume) || !has(self.modelVolume.cacheClaim) || has(self.source.registry)"
+    ),
+    "message": "modelVolume.cacheClaim needs a registry: source (the cache is keyed by sha256)",
+}
+
+
 def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if "$ref" in node:
         return _structural(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
@@ -81,6 +89,7 @@ def openapi_schema() -> dict[str, Any]:
     spec_schema = _schema_of(spec.FleetModelSpec)
     spec_schema["properties"]["source"]["x-kubernetes-validations"] = [_SOURCE_RULE]
     spec_schema["properties"]["accelerator"]["x-kubernetes-validations"] = [_MIG_RULE]
+    spec_schema["x-kubernetes-validations"] = [_CACHE_RULE]
     return {
         "type": "object",
         "x-kubernetes-validations": [_NAME_RULE],

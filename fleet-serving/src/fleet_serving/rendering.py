@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from fleet_serving import profiles, sources
+from fleet_serving import caching, profiles, sources
 from fleet_serving.profiles import EngineProfile
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import DEFAULT_ENGINE_KEY, GROUP, KIND, VERSION, FleetModelSpec
@@ -190,11 +190,11 @@ def _container(
             *_cache_env(spec),
             *_scratch_env(),
         ],
-        "resources": _resources(spec, profile),
+        "resources": caching.engine_storage(spec, _resources(spec, profile)),
         "securityContext": _container_security(),
         "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_SECONDS}}},
         "volumeMounts": [
-            {"name": "models", "mountPath": profiles.MODEL_DIR},
+            *caching.engine_mounts(spec, profiles.MODEL_DIR),
             {"name": "shm", "mountPath": "/dev/shm"},
             _scratch_mount(),
         ],
@@ -205,30 +205,32 @@ def _fetcher(spec: FleetModelSpec, registry: RegistryWeights | None) -> list[Obj
     """An init container filling the shared model volume from an ``s3://`` or ``registry:``
     source; a Hugging Face source is fetched by the engine itself."""
     if registry is not None:
-        fetcher = _registry_fetcher(registry)
+        fetcher = _registry_fetcher(spec, registry)
     elif spec.source.uri is not None:
         fetcher = _s3_fetcher(spec, spec.source.uri)
     else:
         return []
-    mounts = [{"name": "models", "mountPath": profiles.MODEL_DIR}, _scratch_mount()]
+    mounts = [*caching.fetch_mounts(spec, profiles.MODEL_DIR), _scratch_mount()]
+    resources = caching.fetch_storage(spec, registry, {"requests": dict(FETCH_REQUESTS)})
     return [
         fetcher
         | {
-            "resources": {"requests": dict(FETCH_REQUESTS)},
+            "resources": resources,
             "securityContext": _container_security(),
             "volumeMounts": mounts,
         }
     ]
 
 
-def _registry_fetcher(registry: RegistryWeights) -> Obj:
+def _registry_fetcher(spec: FleetModelSpec, registry: RegistryWeights) -> Obj:
     return {
         "name": "fetch-weights",
         "image": sources.FETCH_IMAGE,
-        "command": ["sh", "-c", sources.FETCH_SCRIPT, "fetch-weights"],
+        "command": ["sh", "-c", caching.fetch_script(spec), "fetch-weights"],
         "args": sources.fetch_args(registry),
         "env": [
             {"name": "MODEL_DIR", "value": profiles.MODEL_DIR},
+            *caching.fetch_env(spec),
             sources.token_env(registry),
             *_scratch_env(),
         ],
@@ -266,11 +268,11 @@ def _pod_spec(
     pod: Obj = {
         "containers": [_container(spec, profile, registry)],
         "initContainers": _fetcher(spec, registry),
-        "securityContext": _pod_security(),
+        "securityContext": _pod_security() | caching.pod_security(spec),
         "volumes": [
-            {"name": "models", "emptyDir": {}},
+            *caching.volumes(spec, registry),
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
-            {"name": "tmp", "emptyDir": {}},
+            caching.scratch_volume(),
         ],
         "nodeSelector": dict(spec.node_selector),
         "tolerations": _tolerations(spec),

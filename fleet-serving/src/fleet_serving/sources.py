@@ -20,7 +20,9 @@ from fleet_serving.spec import FleetModelSpec
 
 __all__ = [
     "FETCH_IMAGE",
+    "FETCH_PRELUDE",
     "FETCH_SCRIPT",
+    "MAX_MODEL_BYTES",
     "TOKEN_ENV",
     "RegistryWeights",
     "check",
@@ -36,7 +38,7 @@ _SPLIT = re.compile(r"-[0-9]{5}-of-[0-9]{5}\.gguf$")
 FETCH_IMAGE = "curlimages/curl:8.11.1"
 """curl with a busybox shell and sha256sum: all the fetch script needs."""
 
-FETCH_SCRIPT = """\
+FETCH_PRELUDE = """\
 set -eu
 cd "$MODEL_DIR"
 auth=$(mktemp)  # the credential as a header file: never in curl's argv, never on the volume
@@ -44,29 +46,41 @@ trap 'rm -f "$auth"' EXIT
 echo "Authorization: Bearer ${FLEET_ENGINE_TOKEN:?the engine credential Secret is not mounted}" \
   > "$auth"
 verified() { echo "$2  $1" | sha256sum -c - >/dev/null 2>&1; }
+download() {  # part url sha name: leaves a verified $part, or exits
+  if [ -f "$1" ] && verified "$1" "$3"; then
+    return 0
+  fi
+  echo "fetching $4"
+  curl -fsSL --retry 10 --retry-delay 2 --retry-connrefused -H @"$auth" -C - \
+    -o "$1" "$2" || {
+    code=$?  # 22: an HTTP error such as 416 for a partial that cannot be resumed; start over
+    if [ "$code" -eq 22 ]; then rm -f "$1"; fi
+    exit "$code"
+  }
+  if ! verified "$1" "$3"; then
+    rm -f "$1"
+    echo "sha256 mismatch for $4: expected $3" >&2
+    exit 1
+  fi
+}
+"""
+"""What every fetch script starts with: the credential's header file, and ``download``, which
+leaves a verified file at a temporary path or ends the container."""
+
+FETCH_SCRIPT = (
+    FETCH_PRELUDE
+    + """\
 while [ "$#" -ge 3 ]; do
   name=$1; url=$2; sha=$3; shift 3
   if [ -f "$name" ] && verified "$name" "$sha"; then
     continue
   fi
   mkdir -p "$(dirname "$name")"
-  if ! { [ -f "$name.partial" ] && verified "$name.partial" "$sha"; }; then
-    echo "fetching $name"
-    curl -fsSL --retry 10 --retry-delay 2 --retry-connrefused -H @"$auth" -C - \
-      -o "$name.partial" "$url" || {
-      code=$?  # 22: an HTTP error such as 416 for a partial that cannot be resumed; start over
-      if [ "$code" -eq 22 ]; then rm -f "$name.partial"; fi
-      exit "$code"
-    }
-    if ! verified "$name.partial" "$sha"; then
-      rm -f "$name.partial"
-      echo "sha256 mismatch for $name: expected $sha" >&2
-      exit 1
-    fi
-  fi
+  download "$name.partial" "$url" "$sha" "$name"
   mv "$name.partial" "$name"
 done
 """
+)
 """Arguments: triples of (path, url, sha256); FLEET_ENGINE_TOKEN (from the engine credential's
 Secret) is sent as a bearer header to the control plane, and not to a presigned store URL the
 control plane redirects to (curl drops custom Authorization headers on a redirect to another
@@ -76,7 +90,10 @@ stopped (``curl -C -`` sends ``Range: bytes=N-``); every file is checked before 
 place, so the engine never sees a partial or unverified file, and a file that fails the check is
 deleted so the next attempt starts clean. curl retries what may pass (a refused connection, a
 timeout, 408/429/5xx); any other failure ends the container, and the kubelet restarts it with
-backoff."""
+backoff. With a model cache, :data:`fleet_serving.caching.CACHE_SCRIPT` runs instead."""
+
+MAX_MODEL_BYTES = 2**50
+"""A registry model's files may total at most 1 PiB: the sum becomes a volume size."""
 
 
 class RegistryWeights(msgspec.Struct, kw_only=True, frozen=True):
@@ -110,6 +127,8 @@ def check(spec: FleetModelSpec, weights: ModelWeights) -> None:
                 f"registry model {weights.model_id!r} lists a file outside its folder: "
                 f"{file.path!r}"
             )
+    if sum(f.size for f in weights.files) > MAX_MODEL_BYTES:
+        raise InvalidSpec(f"registry model {weights.model_id!r} lists more than 1 PiB of files")
     if spec.weight_format == "gguf":
         _check_gguf(weights, spec.weight_file)
 

@@ -28,6 +28,7 @@ __all__ = [
     "FleetModelSpec",
     "FleetModelStatus",
     "HuggingFaceSource",
+    "ModelVolume",
     "Resources",
     "SecretKeyRef",
     "Source",
@@ -59,6 +60,12 @@ Dns1123Label = Annotated[
     str, Meta(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ]
 """A Kubernetes name that must be a DNS-1123 label (a RuntimeClass's, for one)."""
+Dns1123Subdomain = Annotated[
+    str, Meta(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+]
+"""A Kubernetes object name (a PersistentVolumeClaim's, for one)."""
+VolumeSize = Annotated[str, Meta(pattern=r"^[1-9][0-9]{0,4}(Mi|Gi|Ti)$")]
+"""A volume size, bounded by its spelling: 1Mi to 99999Ti, in whole binary units."""
 
 
 class HuggingFaceSource(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
@@ -114,6 +121,20 @@ class Accelerator(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     whole GPUs."""
 
 
+class ModelVolume(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """Where ``/models`` is kept: a shared cache on a claim, or the pod's own bounded emptyDir."""
+
+    cache_claim: Dns1123Subdomain | None = None
+    """A PersistentVolumeClaim in the model's namespace (ReadWriteMany for replicas on several
+    nodes) holding a cache of registry files by sha256: a file is downloaded once per claim, not
+    once per pod. ``registry:`` sources only (ADR 0027)."""
+    size_limit: VolumeSize | None = None
+    """The emptyDir's ``sizeLimit`` and the writer's ``ephemeral-storage`` request, for a source
+    whose size is not known before it is fetched (``huggingFace``, ``uri``); a ``registry:``
+    model's is its files' total plus headroom unless given. Unused with ``cacheClaim``, where
+    the emptyDir holds only links."""
+
+
 class Toleration(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     """A Pod toleration, as Kubernetes spells it."""
 
@@ -155,6 +176,7 @@ class FleetModelSpec(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     """A Secret key holding a Hugging Face token (``HF_TOKEN``), for gated models."""
     runtime_class_name: Dns1123Label | None = None
     """The pods' RuntimeClass, e.g. ``nvidia`` on k3s, which registers the NVIDIA runtime as one."""
+    model_volume: ModelVolume = ModelVolume()
 
 
 class Condition(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
@@ -193,6 +215,11 @@ def decode_spec(spec: Mapping[str, Any]) -> FleetModelSpec:
         raise InvalidSpec("spec.source needs exactly one of registry, huggingFace or uri")
     if decoded.accelerator.mig_profile and decoded.accelerator.vendor != "nvidia":
         raise InvalidSpec("spec.accelerator.migProfile is NVIDIA MIG: it needs vendor nvidia")
+    if decoded.model_volume.cache_claim and decoded.source.registry is None:
+        raise InvalidSpec(
+            "spec.modelVolume.cacheClaim needs a registry: source (the cache is keyed by the "
+            "registry's sha256 of each file)"
+        )
     return decoded
 
 
