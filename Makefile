@@ -148,7 +148,7 @@ llama-server:
 # base engine-image makes unless IMAGE_BASE names another); it needs root (docs/e2e.md).
 e2e: $(STAMP) llama-server kube engine-image
 	$(MAKE) image IMAGE_BASE=$(or $(IMAGE_BASE),localhost/fleet-base:bookworm) \
-		IMAGE_ARCHES=$$(dpkg --print-architecture)
+		IMAGE_ARCHES=$(HOST_ARCH)
 	PYTHON=$(PYTHON) e2e/engine/fetch-gemma.sh
 	$(BIN)/pytest -m e2e
 
@@ -159,6 +159,7 @@ e2e: $(STAMP) llama-server kube engine-image
 # with mmdebstrap, cached in ~/.cache/fleet). The console is built first (when npm is there) so
 # the fleet-core image serves it at /.
 IMAGE_ARCHES ?= amd64 arm64
+HOST_ARCH := $(shell dpkg --print-architecture 2>/dev/null || uname -m | sed 's/x86_64/amd64/; s/aarch64/arm64/')
 
 image: console
 	IMAGE_BASE=$(IMAGE_BASE) IMAGE_ARCHES="$(IMAGE_ARCHES)" deploy/image/build.sh
