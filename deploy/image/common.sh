@@ -12,7 +12,8 @@ declare -A image_versions=([fleet-core]=$core_version [fleet-serving]=$serving_v
 local_base="localhost/fleet-base:bookworm"
 # Both images are built for every architecture in IMAGE_ARCHES (Debian's names, which are OCI's
 # too); the one this machine runs is also saved to $archive. The others run under qemu-user.
-host_arch=$(dpkg --print-architecture 2>/dev/null || uname -m | sed 's/x86_64/amd64/; s/aarch64/arm64/')
+host_arch=$(dpkg --print-architecture 2>/dev/null ||
+    uname -m | sed 's/x86_64/amd64/; s/aarch64/arm64/')
 read -ra image_arches <<<"${IMAGE_ARCHES:-amd64 arm64}"
 emulate_all() { local arch; for arch in "${image_arches[@]}"; do emulate "$arch"; done; }
 # One multi-arch OCI archive per image (an image index: `ctr images import`, `skopeo copy`).
@@ -41,25 +42,27 @@ need() {
 # qemu-user-static registered with binfmt_misc with the fix-binary flag, so they run in chroots
 # and containers too. Idempotent; one line saying what is missing when it cannot (it needs root).
 emulate() {
-    local arch=$1 qemu
+    local arch=$1 qemu say
     [[ $arch == "$host_arch" ]] && return 0
+    say="$(basename "$0"):"
     case $arch in
         arm64) qemu=aarch64 ;;
         amd64) qemu=x86_64 ;;
-        *) echo "$(basename "$0"): no emulation known for $arch (IMAGE_ARCHES: amd64 arm64)" >&2; exit 1 ;;
+        *) echo "$say no emulation known for $arch (IMAGE_ARCHES: amd64 arm64)" >&2; exit 1 ;;
     esac
     local entry=/proc/sys/fs/binfmt_misc/qemu-$qemu
-    [[ -f $entry ]] && grep -q '^enabled' "$entry" && grep -q '^flags: .*F' "$entry" && return 0
+    registered() { [[ -f $entry ]] && grep -q '^enabled' "$entry" && grep -q '^flags: .*F' "$entry"; }
+    registered && return 0
     need "qemu-$qemu-static:qemu-user-static" update-binfmts:binfmt-support
     local why="IMAGE_ARCHES=$host_arch builds this machine's architecture alone"
     if [[ ! -f /proc/sys/fs/binfmt_misc/status ]] &&
         ! mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null; then
-        echo "$(basename "$0"): cannot mount binfmt_misc to run $arch binaries (needs root); $why" >&2
+        echo "$say cannot mount binfmt_misc to run $arch binaries (needs root); $why" >&2
         exit 1
     fi
     update-binfmts --enable "qemu-$qemu" 2>/dev/null || true
-    if ! { [[ -f $entry ]] && grep -q '^enabled' "$entry" && grep -q '^flags: .*F' "$entry"; }; then
-        echo "$(basename "$0"): cannot register qemu-$qemu (fix-binary) with binfmt_misc; $why" >&2
+    if ! registered; then
+        echo "$say cannot register qemu-$qemu, fix-binary, with binfmt_misc (needs root); $why" >&2
         exit 1
     fi
 }
