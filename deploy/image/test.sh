@@ -100,8 +100,10 @@ PY
 }
 
 started=$SECONDS
+# This machine's architecture alone (Docker's build) is tested from the docker-archive only.
 wanted=$(printf 'linux/%s\n' "${image_arches[@]}" | sort | xargs)
 for name in fleet-core fleet-serving; do
+    [[ $wanted != "linux/$host_arch" ]] || break
     oci=$(oci_archive "$name")
     check "${oci#"$root/"} holds $wanted" test "$(platforms "$oci" 2>&1)" = "$wanted"
 done
