@@ -26,9 +26,9 @@ help:
 	@echo "make llama-server - build llama.cpp's llama-server once into ~/.cache/fleet"
 	@echo "make engine-image - llama-server as a non-root image archive for a test node (build/)"
 	@echo "make e2e    - the tests against a real engine (llama-server on Gemma 3 270M)"
-	@echo "make image  - build the fleet-core and fleet-serving images into build/fleet-images-*.tar"
-	@echo "make image-base - a local Debian base image (mmdebstrap), for IMAGE_BASE=..."
-	@echo "make image-test - run both images from the archive as Kubernetes would (podman)"
+	@echo "make image  - the fleet-core and fleet-serving images for IMAGE_ARCHES into build/ (OCI archives)"
+	@echo "make image-base - a local Debian base image per arch (mmdebstrap), for IMAGE_BASE=..."
+	@echo "make image-test - run both images from the archives as Kubernetes would (podman; qemu)"
 
 $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
@@ -144,28 +144,35 @@ llama-server:
 # llama-server on a real GGUF, built and fetched into the per-user cache first (both steps return
 # at once when cached), and the whole system from `kubectl apply` on the real Kubernetes control
 # plane (make kube) on a real node (kubelet + containerd) running the engine image (make
-# engine-image) and Fleet's own images (make image, on the local base engine-image makes unless
-# IMAGE_BASE names another); it needs root (docs/e2e.md).
+# engine-image) and Fleet's own images (make image for this machine's architecture, on the local
+# base engine-image makes unless IMAGE_BASE names another); it needs root (docs/e2e.md).
 e2e: $(STAMP) llama-server kube engine-image
-	$(MAKE) image IMAGE_BASE=$(or $(IMAGE_BASE),localhost/fleet-base:bookworm)
+	$(MAKE) image IMAGE_BASE=$(or $(IMAGE_BASE),localhost/fleet-base:bookworm) \
+		IMAGE_ARCHES=$(HOST_ARCH)
 	PYTHON=$(PYTHON) e2e/engine/fetch-gemma.sh
 	$(BIN)/pytest -m e2e
 
-# Images (deploy/image): Docker when a daemon answers, else buildah; IMAGE_BASE=... overrides the
-# Dockerfile's base (make image-base builds localhost/fleet-base:bookworm with mmdebstrap).
-# The console is built first (when npm is there) so the fleet-core image serves it at /.
+# Images (deploy/image): for each architecture in IMAGE_ARCHES, the foreign one under qemu-user
+# (registered with binfmt_misc on demand, which needs root; IMAGE_ARCHES=amd64 builds one alone).
+# buildah, or Docker when a daemon answers and one architecture is asked for; IMAGE_BASE=...
+# overrides the Dockerfile's base (make image-base builds localhost/fleet-base:bookworm-<arch>
+# with mmdebstrap, cached in ~/.cache/fleet). The console is built first (when npm is there) so
+# the fleet-core image serves it at /.
+IMAGE_ARCHES ?= amd64 arm64
+HOST_ARCH := $(shell dpkg --print-architecture 2>/dev/null || uname -m | sed 's/x86_64/amd64/; s/aarch64/arm64/')
+
 image: console
-	IMAGE_BASE=$(IMAGE_BASE) deploy/image/build.sh
+	IMAGE_BASE=$(IMAGE_BASE) IMAGE_ARCHES="$(IMAGE_ARCHES)" deploy/image/build.sh
 
 image-base:
-	deploy/image/build-base.sh
+	IMAGE_ARCHES="$(IMAGE_ARCHES)" deploy/image/build-base.sh
 
 # llama-server (make llama-server) on the local base image, non-root, saved for a test node.
 engine-image: $(STAMP)
 	PYTHON=$(PYTHON) FLEET_PY=$(PY) e2e/engine/build-engine-image.sh
 
 image-test:
-	deploy/image/test.sh
+	IMAGE_ARCHES="$(IMAGE_ARCHES)" deploy/image/test.sh
 
 clean:
 	rm -rf $(VENV) .dev .pytest_cache .mypy_cache .ruff_cache web/node_modules web/artifacts \

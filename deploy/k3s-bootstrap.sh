@@ -8,7 +8,8 @@
 #      `k3s` binary is already present; K3S_VERSION pins a release (default: the stable channel);
 #   2. waits until the node is Ready, then imports Fleet's images into k3s's containerd from the
 #      archive `make image` wrote (FLEET_IMAGES, default build/fleet-images-<fleet-core
-#      version>.tar): no registry is needed, and the manifests name exactly those tags;
+#      version>.tar; on a node of another architecture, its two .oci.tar archives): no registry
+#      is needed, and the manifests name exactly those tags;
 #   3. runs install.sh for cluster k3s with deploy/overlays/k3s: the Secrets deploy/ ships no
 #      default for (docs/security.md), the overlay, the operator (cluster k3s), gateway, engine
 #      and metrics credentials, and the cluster's binding to its pod network (10.42.0.0/16) and
@@ -23,17 +24,20 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/../fleet-core/pyproject.toml")
-images="${FLEET_IMAGES:-$here/../build/fleet-images-$version.tar}"
+# One archive or several, space-separated (the multi-arch OCI archives make image writes too).
+read -ra images <<<"${FLEET_IMAGES:-$here/../build/fleet-images-$version.tar}"
 
 if [[ "$(id -u)" -ne 0 ]]; then
   echo "k3s-bootstrap: run as root (sudo), it installs a system service" >&2
   exit 1
 fi
 
-if [[ ! -s $images ]]; then
-  echo "k3s-bootstrap: no image archive at $images: run \`make image\` first (or set FLEET_IMAGES)" >&2
-  exit 1
-fi
+for archive in "${images[@]}"; do
+  if [[ ! -s $archive ]]; then
+    echo "k3s-bootstrap: no image archive at $archive: run \`make image\` first (or set FLEET_IMAGES)" >&2
+    exit 1
+  fi
+done
 
 if ! command -v k3s >/dev/null 2>&1; then
   echo "k3s-bootstrap: installing k3s ${K3S_VERSION:-(stable)}"
@@ -47,8 +51,10 @@ kubectl="k3s kubectl"
 echo "k3s-bootstrap: waiting for the node"
 $kubectl wait --for=condition=Ready node --all --timeout=180s
 
-echo "k3s-bootstrap: importing $images"
-k3s ctr --namespace k8s.io images import "$images"
+for archive in "${images[@]}"; do
+  echo "k3s-bootstrap: importing $archive"
+  k3s ctr --namespace k8s.io images import "$archive"
+done
 
 KUBECTL="k3s kubectl" FLEET_OVERLAY="$here/overlays/k3s" FLEET_CLUSTER_ID=k3s \
   FLEET_POD_CIDR=10.42.0.0/16 "$here/install.sh"

@@ -23,7 +23,7 @@ fresh=1
 for input in "$binary" "$redis" "$here"/Containerfile*; do [[ $out -nt $input ]] || fresh=0; done
 if ((fresh)); then echo "$out"; exit 0; fi
 if ! podman "${store_args[@]}" image exists "$local_base"; then
-    "$root/deploy/image/build-base.sh"
+    IMAGE_ARCHES=$host_arch "$root/deploy/image/build-base.sh"
 fi
 context=$(mktemp -d)
 trap 'rm -rf "$context"' EXIT
