@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 import msgspec
 
-from fleet_serving import observing, profiles, rendering, sources, statuses
+from fleet_serving import images, observing, profiles, rendering, sources, statuses
 from fleet_serving.control_plane import WeightsClient, WeightsUnavailable
 from fleet_serving.errors import ForeignObject, InvalidSpec, KubernetesError, Rejected
 from fleet_serving.kube import Kube
@@ -43,6 +43,8 @@ class Deps:
     weights: WeightsClient
     weights_retry_s: float = 15.0
     """How soon a model waiting for its registry weights is looked at again."""
+    fetch: images.FetchImages = images.DEFAULT
+    """The weight fetchers' images (the operator's settings)."""
 
 
 def _now() -> str:
@@ -86,7 +88,7 @@ async def reconcile(body: Mapping[str, Any], deps: Deps, logger: Any) -> None:
     uid = body["metadata"].get("uid") or ""
     owner = rendering.Owner(name=seen.name, namespace=seen.namespace, uid=uid)
     desired = [
-        rendering.deployment(owner, spec, profile, registry),
+        rendering.deployment(owner, spec, profile, registry, fetch=deps.fetch),
         rendering.service(owner, profile),
         rendering.disruption_budget(owner),
     ]

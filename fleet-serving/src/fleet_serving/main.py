@@ -71,6 +71,7 @@ async def run(settings: Settings) -> None:
                 engine_token_secret=settings.engine_token_secret,
             ),
             weights_retry_s=min(15.0, settings.resync_seconds),
+            fetch=settings.fetch_images,
         )
         reporter = Reporter(settings.reporter, view, session)
         tasks = [

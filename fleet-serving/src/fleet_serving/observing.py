@@ -20,6 +20,7 @@ __all__ = [
     "PROBLEM_REASONS",
     "DeploymentFacts",
     "ObservedNode",
+    "create_failure",
     "deployment_facts",
     "observe_node",
     "pod_problem",
@@ -137,6 +138,8 @@ class DeploymentFacts(msgspec.Struct, kw_only=True, frozen=True):
     ready: int
     stalled: str | None = None
     """The controller's message when the rollout passed its progress deadline."""
+    create_failure: tuple[str, str] | None = None
+    """(reason, message) when the ReplicaSet cannot create pods (:func:`create_failure`)."""
     rolled_out: bool = True
     """The controller has seen the current spec (observedGeneration), every replica runs it
     (updatedReplicas) and no pod of the previous spec is left (replicas): until then ready
@@ -163,8 +166,28 @@ def deployment_facts(deployment: Mapping[str, Any]) -> DeploymentFacts:
         desired=desired,
         ready=int(status.get("readyReplicas") or 0),
         stalled=stalled,
+        create_failure=create_failure(status.get("conditions") or []),
         rolled_out=observed >= generation and updated >= desired and not old_left,
     )
+
+
+_MESSAGE_LIMIT = 1024
+"""The longest admission message kept for a status (a webhook's can be any length)."""
+
+
+def create_failure(conditions: list[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """Why the Deployment's ReplicaSet cannot create pods, from the ``ReplicaFailure`` condition
+    the Deployment controller copies from it (the API server refused the pod: a ResourceQuota, a
+    LimitRange, Pod Security or another admission policy), as ``QuotaExceeded`` or
+    ``FailedCreate`` with the server's own message; else None."""
+    for condition in conditions:
+        failing = condition.get("type") == "ReplicaFailure" and condition.get("status") == "True"
+        if failing and condition.get("reason") in (None, "", "FailedCreate"):
+            said = str(condition.get("message") or condition.get("reason") or "FailedCreate")
+            said = said[:_MESSAGE_LIMIT]
+            reason = "QuotaExceeded" if "exceeded quota" in said else "FailedCreate"
+            return reason, f"the ReplicaSet cannot create pods: {said}"
+    return None
 
 
 PROBLEM_REASONS = frozenset({

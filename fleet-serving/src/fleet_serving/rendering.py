@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from fleet_serving import caching, profiles, sources
+from fleet_serving import caching, images, profiles, sources
 from fleet_serving.profiles import EngineProfile
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import DEFAULT_ENGINE_KEY, GROUP, KIND, VERSION, FleetModelSpec
@@ -31,8 +31,6 @@ __all__ = [
 MODEL_LABEL = f"{GROUP}/model"
 """Set on every object the operator makes; its value is the FleetModel's name."""
 GPU_RESOURCE = "nvidia.com/gpu"
-AWS_CLI_IMAGE = "amazon/aws-cli:2.31.0"
-"""Copies ``s3://`` sources; pinned like every image the operator renders."""
 COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"
 COMPUTE_MINOR = "nvidia.com/gpu.compute.minor"
 Obj = dict[str, Any]
@@ -201,13 +199,16 @@ def _container(
     } | _probes(profile)
 
 
-def _fetcher(spec: FleetModelSpec, registry: RegistryWeights | None) -> list[Obj]:
+def _fetcher(
+    spec: FleetModelSpec, registry: RegistryWeights | None, fetch: images.FetchImages
+) -> list[Obj]:
     """An init container filling the shared model volume from an ``s3://`` or ``registry:``
-    source; a Hugging Face source is fetched by the engine itself."""
+    source, in the spec's ``fetchImage`` else the operator's; a Hugging Face source is fetched by
+    the engine itself."""
     if registry is not None:
-        fetcher = _registry_fetcher(spec, registry)
+        fetcher = _registry_fetcher(spec, registry) | {"image": spec.fetch_image or fetch.registry}
     elif spec.source.uri is not None:
-        fetcher = _s3_fetcher(spec, spec.source.uri)
+        fetcher = _s3_fetcher(spec, spec.source.uri) | {"image": spec.fetch_image or fetch.s3}
     else:
         return []
     mounts = [*caching.fetch_mounts(spec, profiles.MODEL_DIR), _scratch_mount()]
@@ -225,7 +226,6 @@ def _fetcher(spec: FleetModelSpec, registry: RegistryWeights | None) -> list[Obj
 def _registry_fetcher(spec: FleetModelSpec, registry: RegistryWeights) -> Obj:
     return {
         "name": "fetch-weights",
-        "image": sources.FETCH_IMAGE,
         "command": ["sh", "-c", caching.fetch_script(spec), "fetch-weights"],
         "args": sources.fetch_args(registry),
         "env": [
@@ -244,7 +244,6 @@ def _s3_fetcher(spec: FleetModelSpec, uri: str) -> Obj:
         target, extra = profiles.MODEL_DIR, ["--recursive"]
     fetcher: Obj = {
         "name": "fetch-weights",
-        "image": AWS_CLI_IMAGE,
         "args": ["s3", "cp", uri, target, *extra],
         "env": _scratch_env(),
     }
@@ -263,11 +262,17 @@ def _tolerations(spec: FleetModelSpec) -> list[Obj]:
 
 
 def _pod_spec(
-    owner: Owner, spec: FleetModelSpec, profile: EngineProfile, registry: RegistryWeights | None
+    owner: Owner,
+    spec: FleetModelSpec,
+    profile: EngineProfile,
+    registry: RegistryWeights | None,
+    *,
+    fetch: images.FetchImages,
 ) -> Obj:
     pod: Obj = {
         "containers": [_container(spec, profile, registry)],
-        "initContainers": _fetcher(spec, registry),
+        "initContainers": _fetcher(spec, registry, fetch),
+        "imagePullSecrets": [{"name": s.name} for s in spec.image_pull_secrets],
         "securityContext": _pod_security() | caching.pod_security(spec),
         "volumes": [
             *caching.volumes(spec, registry),
@@ -310,9 +315,12 @@ def deployment(
     spec: FleetModelSpec,
     profile: EngineProfile,
     registry: RegistryWeights | None = None,
+    *,
+    fetch: images.FetchImages = images.DEFAULT,
 ) -> Obj:
     """The Deployment running ``spec.replicas`` engine pods. A ``registry:`` source needs
-    ``registry``, the resolved model (:mod:`fleet_serving.sources`)."""
+    ``registry``, the resolved model (:mod:`fleet_serving.sources`); ``fetch``: the operator's
+    init container images."""
     if spec.source.registry is not None and registry is None:
         raise ValueError("a registry: source is rendered only once resolved")
     labels = common_labels(owner.name)
@@ -339,7 +347,7 @@ def deployment(
             "template": {
                 "metadata": {"labels": labels}
                 | ({"annotations": annotations} if annotations else {}),
-                "spec": _pod_spec(owner, spec, profile, registry),
+                "spec": _pod_spec(owner, spec, profile, registry, fetch=fetch),
             },
         },
     }

@@ -1,6 +1,7 @@
 """The operator's settings: one frozen tree, parsed once from the command line in ``main()``.
 
 A command line that cannot work is refused here with one line saying what and how to fix it.
+The environment adds what a cluster's image mirror needs (:data:`IMAGE_VARIABLES`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,19 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from fleet_serving import images
 from fleet_serving.credentials import TokenFile
 from fleet_serving.errors import ConfigError
 from fleet_serving.reporting import ReporterSettings
 
-__all__ = ["Settings", "parse_args", "parse_duration"]
+__all__ = ["IMAGE_VARIABLES", "Settings", "fetch_images", "parse_args", "parse_duration"]
+
+IMAGE_VARIABLES = {
+    "FLEET_SERVING_FETCH_IMAGE": "registry",
+    "FLEET_SERVING_S3_FETCH_IMAGE": "s3",
+}
+"""Environment variables replacing the init containers' default images (an air-gapped cluster's
+mirror): the ``registry:`` fetcher (curl) and the ``s3://`` copier (the AWS CLI)."""
 
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -37,6 +46,9 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     """kopf's liveness endpoint, for the Pod's livenessProbe."""
     resync_seconds: float = 60.0
     """How often every FleetModel is reconciled again, to catch missed events and drift."""
+    fetch_images: images.FetchImages = images.DEFAULT
+    """The weight fetchers' images (``FLEET_SERVING_FETCH_IMAGE``,
+    ``FLEET_SERVING_S3_FETCH_IMAGE``); a FleetModel's ``fetchImage`` replaces them."""
     kubeconfig: str | None = None
     """A kubeconfig path (from ``KUBECONFIG``) used when not running in a cluster."""
     log_format: str = "json"
@@ -90,6 +102,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def fetch_images(environ: Mapping[str, str]) -> images.FetchImages:
+    """The init containers' images, the defaults replaced by what the environment sets."""
+    chosen: dict[str, str] = {}
+    for variable, field in IMAGE_VARIABLES.items():
+        value = environ.get(variable, "")
+        if not value:
+            continue
+        try:
+            chosen[field] = images.check_reference(value)
+        except ValueError as exc:
+            raise ConfigError(f"{variable}: {exc}") from exc
+    return msgspec.structs.replace(images.DEFAULT, **chosen)
+
+
 def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     """Settings from a command line; :class:`ConfigError` with one line when it cannot work."""
     args = _parser().parse_args(list(argv))
@@ -111,6 +137,7 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         raise ConfigError(
             f"--engine-token-secret {args.engine_token_secret!r} is not a Secret name"
         )
+    fetch = fetch_images(environ)
     token.check()
     return Settings(
         reporter=reporter,
@@ -118,6 +145,7 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         namespaces=tuple(args.namespace),
         liveness=args.liveness,
         resync_seconds=resync,
+        fetch_images=fetch,
         kubeconfig=environ.get("KUBECONFIG") or None,
         log_format=args.log_format,
         verbose=args.verbose,

@@ -15,6 +15,7 @@ from urllib.parse import quote
 import msgspec
 
 from fleet_contract import ModelWeights
+from fleet_serving import images
 from fleet_serving.errors import InvalidSpec
 from fleet_serving.spec import FleetModelSpec
 
@@ -35,8 +36,9 @@ __all__ = [
 TOKEN_ENV = "FLEET_ENGINE_TOKEN"
 _SPLIT = re.compile(r"-[0-9]{5}-of-[0-9]{5}\.gguf$")
 
-FETCH_IMAGE = "curlimages/curl:8.11.1"
-"""curl with a busybox shell and sha256sum: all the fetch script needs."""
+FETCH_IMAGE = images.DEFAULT.registry
+"""curl with a busybox shell and sha256sum: all the fetch script needs (the default; see
+:mod:`fleet_serving.images`)."""
 
 FETCH_PRELUDE = """\
 set -eu

@@ -16,6 +16,7 @@ from msgspec import Meta
 
 from fleet_contract import Engine, Phase, WeightFormat
 from fleet_serving.errors import InvalidSpec
+from fleet_serving.images import PinnedImage
 
 __all__ = [
     "DEFAULT_ENGINE_KEY",
@@ -27,7 +28,9 @@ __all__ = [
     "Condition",
     "FleetModelSpec",
     "FleetModelStatus",
+    "HfTokenRef",
     "HuggingFaceSource",
+    "LocalObjectReference",
     "ModelVolume",
     "Resources",
     "SecretKeyRef",
@@ -95,9 +98,24 @@ class SecretKeyRef(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     key: Text = "api-key"
 
 
+class HfTokenRef(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """The key of a Secret, in the FleetModel's namespace, holding a Hugging Face token."""
+
+    name: Text
+    key: Text = "token"
+
+
 DEFAULT_ENGINE_KEY = SecretKeyRef(name="fleet-engine-key", key="api-key")
 """The engine key of every FleetModel that names none: one Secret per namespace, which the gateway
 mounts too and sends to every engine it discovers (ADR 0010)."""
+
+
+class LocalObjectReference(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """An object in the FleetModel's namespace, by name (a pull Secret)."""
+
+    name: Annotated[
+        str, Meta(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    ]
 
 
 class Resources(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
@@ -172,8 +190,14 @@ class FleetModelSpec(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     """For GGUF: the file to serve from a repository or registry model holding several
     quantizations (e.g. ``Qwen3-8B-Q4_K_M.gguf``; a split model's first part). Only it, and its
     split siblings, is fetched."""
-    hf_token_secret: SecretKeyRef | None = None
-    """A Secret key holding a Hugging Face token (``HF_TOKEN``), for gated models."""
+    hf_token_secret: HfTokenRef | None = None
+    """A Secret key holding a Hugging Face token (``HF_TOKEN``), for gated models; key
+    ``token`` unless named."""
+    fetch_image: PinnedImage | None = None
+    """For ``registry:`` and ``uri:`` sources: the weight fetcher's image instead of the
+    operator's (a mirror's copy; see docs/operator.md, "Air-gapped clusters")."""
+    image_pull_secrets: Annotated[list[LocalObjectReference], Meta(max_length=16)] = []
+    """Secrets, in the FleetModel's namespace, the kubelet pulls the pod's images with."""
     runtime_class_name: Dns1123Label | None = None
     """The pods' RuntimeClass, e.g. ``nvidia`` on k3s, which registers the NVIDIA runtime as one."""
     model_volume: ModelVolume = ModelVolume()
@@ -213,6 +237,11 @@ def decode_spec(spec: Mapping[str, Any]) -> FleetModelSpec:
     chosen = [s for s in ("registry", "hugging_face", "uri") if getattr(decoded.source, s)]
     if len(chosen) != 1:
         raise InvalidSpec("spec.source needs exactly one of registry, huggingFace or uri")
+    if decoded.fetch_image and decoded.source.hugging_face:
+        raise InvalidSpec(
+            "spec.fetchImage is for registry and uri sources: a huggingFace source is fetched "
+            "by the engine itself"
+        )
     if decoded.accelerator.mig_profile and decoded.accelerator.vendor != "nvidia":
         raise InvalidSpec("spec.accelerator.migProfile is NVIDIA MIG: it needs vendor nvidia")
     if decoded.model_volume.cache_claim and decoded.source.registry is None:

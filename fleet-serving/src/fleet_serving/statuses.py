@@ -5,7 +5,8 @@ renders cannot be applied: a foreign object in the way, an object the API server
 ``Scheduling`` (no node can take a replica, or the scheduler says a pod is Unschedulable),
 ``Pending`` (placed, not all replicas ready yet — with the kubelet's reason when a pod cannot
 start or serve: CreateContainerConfigError, ImagePullBackOff, OOMKilled, CrashLoopBackOff,
-FetchWeightsFailed, NotReady, … or ProgressDeadlineExceeded — or a ``registry:`` model whose
+FetchWeightsFailed, NotReady, … or ProgressDeadlineExceeded; or why no pod can be created:
+QuotaExceeded, FailedCreate — or a ``registry:`` model whose
 files cannot be fetched yet and no replica serving), ``Ready`` (every desired replica ready).
 """
 
@@ -33,8 +34,8 @@ class Observation(msgspec.Struct, kw_only=True, frozen=True):
     unschedulable: str | None = None
     not_starting: tuple[str, str] | None = None
     """(reason, message) of a pod the kubelet cannot start (a missing Secret, an image pull, a
-    crash loop, an OOM kill, a failing init container) or whose readiness probe fails, or of a
-    rollout past its progress deadline."""
+    crash loop, an OOM kill, a failing init container) or whose readiness probe fails, of a
+    rollout past its progress deadline, or of pods the API server refuses to create."""
     weights_unavailable: str | None = None
     desired: int = 0
     ready: int = 0

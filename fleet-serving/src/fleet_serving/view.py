@@ -201,6 +201,8 @@ class ClusterView:
         starting = [problem for problem in problems if problem[0] != "Unschedulable"]
         if facts is not None and facts.stalled is not None:
             starting.append(("ProgressDeadlineExceeded", facts.stalled))
+        if facts is not None and facts.create_failure is not None:
+            starting.insert(0, facts.create_failure)  # no pod to have a problem of its own
         issue = self.source_issues.get(key)
         return statuses.Observation(
             generation=seen.generation,
