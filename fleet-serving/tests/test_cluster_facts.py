@@ -35,7 +35,8 @@ def test_a_gpu_node_reports_count_product_memory_and_compute() -> None:
 def test_mig_slices_are_reported_and_a_cpu_node_has_no_gpus() -> None:
     mig = observing.observe_node(node_with({"nvidia.com/mig-1g.10gb": "7", "nvidia.com/gpu": "0"}))
     (gpu,) = mig.node.gpus
-    assert gpu.mig_slices == (fleet_contract.MigSlice(profile="1g.10gb", count=7),)
+    share = fleet_contract.CardShare(numerator=1, denominator=7)
+    assert gpu.mig_slices == (fleet_contract.MigSlice(profile="1g.10gb", count=7, share=share),)
     cpu = observing.observe_node(cpu_node("c"))
     assert cpu.node.gpus == ()
     assert cpu.node.labels.instance_type == "c6i.large"

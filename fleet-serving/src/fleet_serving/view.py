@@ -17,7 +17,7 @@ import msgspec
 
 import fleet_serving
 from fleet_contract import SCHEMA_VERSION, Endpoint, InventoryReport, ModelDeployment
-from fleet_serving import observing, placement, profiles, statuses
+from fleet_serving import devices, observing, placement, profiles, statuses
 from fleet_serving.errors import InvalidSpec
 from fleet_serving.observing import ObservedNode
 from fleet_serving.spec import FleetModelSpec, FleetModelStatus, check_name, decode_spec
@@ -42,8 +42,9 @@ class ModelView(msgspec.Struct, kw_only=True, frozen=True):
 _status_decoder = msgspec.json.Decoder(FleetModelStatus)
 
 
-def model_view(body: Mapping[str, Any]) -> ModelView:
-    """Decode a FleetModel object; an invalid spec is kept with its reason."""
+def model_view(body: Mapping[str, Any], host_mounts: frozenset[str] = frozenset()) -> ModelView:
+    """Decode a FleetModel object; an invalid spec is kept with its reason. ``host_mounts``: the
+    namespaces where a device mounted from the host may run (:func:`devices.check_namespace`)."""
     meta = body.get("metadata") or {}
     spec: FleetModelSpec | None = None
     error: str | None = None
@@ -51,6 +52,9 @@ def model_view(body: Mapping[str, Any]) -> ModelView:
         check_name(meta["name"])
         spec = decode_spec(body.get("spec") or {})
         profiles.check(spec)
+        if spec.gpus_per_replica:
+            namespace = meta.get("namespace") or "default"
+            devices.check_namespace(devices.device_profile(spec), namespace, host_mounts)
     except InvalidSpec as exc:
         error = str(exc)
     try:
@@ -78,7 +82,9 @@ class SourceIssue(msgspec.Struct, frozen=True):
 class ClusterView:
     """Mutable observed state; one instance per operator process."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, host_mounts: frozenset[str] = frozenset()) -> None:
+        self.host_mounts = host_mounts
+        """Namespaces where accelerators whose driver is mounted from the host may run."""
         self.nodes: dict[str, ObservedNode] = {}
         self.models: dict[Key, ModelView] = {}
         self.bodies: dict[Key, Mapping[str, Any]] = {}
@@ -118,7 +124,7 @@ class ClusterView:
         return self._touch(before != after)
 
     def put_model(self, body: Mapping[str, Any], *, deleted: bool) -> ModelView | None:
-        seen = model_view(body)
+        seen = model_view(body, self.host_mounts)
         key = (seen.namespace, seen.name)
         if deleted:
             self.source_issues.pop(key, None)
@@ -218,7 +224,8 @@ class ClusterView:
 
     def _unplaceable(self, spec: FleetModelSpec) -> str | None:
         """Placement over every node is O(nodes); models asking the same thing share the answer."""
-        needs = (spec.engine, spec.gpus_per_replica, tuple(sorted(spec.node_selector.items())))
+        selector = tuple(sorted(spec.node_selector.items()))
+        needs = (spec.engine, spec.gpus_per_replica, spec.accelerator, selector)
         if needs not in self._placements:
             profile = profiles.profile_for(spec.engine)
             self._placements[needs] = placement.unplaceable(spec, profile, self.nodes.values())
@@ -230,6 +237,8 @@ class ClusterView:
         observation = self.observe(key)
         assert observation is not None
         status = statuses.decide(observation, previous=seen.status, now="")
+        mig = seen.spec.accelerator.mig_profile
+        asks = bool(seen.spec.gpus_per_replica)
         return ModelDeployment(
             name=seen.name,
             namespace=seen.namespace,
@@ -243,6 +252,8 @@ class ClusterView:
             reason=status.message if status.phase != "Ready" else "",
             endpoints=self.endpoints(key),
             registry_model=seen.spec.source.registry,
+            accelerator=devices.resource_name(seen.spec) if asks else None,
+            gpu_share=devices.card_share(mig) if asks and mig else None,
         )
 
     def report(
