@@ -86,7 +86,7 @@ async def reconcile(body: Mapping[str, Any], deps: Deps, logger: Any) -> None:
         await publish_status(deps, key)  # Failed, with the reason
         raise
     unchecked = placement.compute_unchecked(spec, profile, deps.view.nodes.values())
-    if unchecked:  # a warning, so kopf posts it as an Event on the FleetModel too
+    if deps.view.put_unchecked(key, unchecked):  # a warning: kopf posts it as an Event too
         logger.warning(
             f"compute check skipped on {', '.join(unchecked[:5])}: no GPU feature discovery "
             f"(or chip) labels, so {profile.engine}'s compute floor could not be checked"

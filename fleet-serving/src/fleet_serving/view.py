@@ -97,6 +97,8 @@ class ClusterView:
         """What resolving a ``registry:`` source last found wrong, while it is so."""
         self.apply_issues: dict[Key, tuple[str, str]] = {}
         """(reason, message) of why a model's objects could not be applied, while it is so."""
+        self.unchecked: dict[Key, tuple[str, ...]] = {}
+        """Nodes whose compute could not be checked for a model, as last said in its log."""
         self.changed = asyncio.Event()
         self._placements: dict[tuple[Any, ...], str | None] = {}
         """Placement reasons by what they depend on; cleared when any node changes."""
@@ -129,6 +131,7 @@ class ClusterView:
         if deleted:
             self.source_issues.pop(key, None)
             self.apply_issues.pop(key, None)
+            self.unchecked.pop(key, None)
             self.bodies.pop(key, None)
             self._touch(self.models.pop(key, None) is not None)
             return None
@@ -177,6 +180,13 @@ class ClusterView:
         else:
             pods[pod] = problem
         return before != problem
+
+    def put_unchecked(self, key: Key, nodes: list[str]) -> bool:
+        """Record the nodes whose compute check is skipped for a model; True when they are new to
+        say (some, and not what was said last), so a resync does not repeat the warning."""
+        before = self.unchecked.get(key)
+        self.unchecked[key] = tuple(nodes)
+        return bool(nodes) and before != tuple(nodes)
 
     def endpoints(self, key: Key) -> tuple[Endpoint, ...]:
         """Every pod URL of a model, from all of its EndpointSlices, sorted."""
