@@ -98,8 +98,12 @@ def test_amd_and_ascend_cards_are_counted_with_vendor_and_product() -> None:
     )
     assert mi300.compute_capability is None
     assert npu.compute_capability is None
-    # Placement stays NVIDIA's: neither node offers nvidia.com/gpu to a vLLM replica.
+    # Neither node offers nvidia.com/gpu; each offers its own resource to its own profile.
     assert (amd.gpus, amd.compute, ascend.gpus) == (0, None, 0)
+    assert (amd.devices, ascend.devices) == (
+        {"amd.com/gpu": 8},
+        {"huawei.com/Ascend910": 8, "huawei.com/Ascend910-2c": 4},
+    )
     report = fleet_contract.decode_report(
         fleet_contract.encode_report(
             fleet_contract.InventoryReport(
