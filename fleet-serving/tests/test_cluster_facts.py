@@ -35,7 +35,8 @@ def test_a_gpu_node_reports_count_product_memory_and_compute() -> None:
 def test_mig_slices_are_reported_and_a_cpu_node_has_no_gpus() -> None:
     mig = observing.observe_node(node_with({"nvidia.com/mig-1g.10gb": "7", "nvidia.com/gpu": "0"}))
     (gpu,) = mig.node.gpus
-    assert gpu.mig_slices == (fleet_contract.MigSlice(profile="1g.10gb", count=7),)
+    share = fleet_contract.CardShare(numerator=1, denominator=7)
+    assert gpu.mig_slices == (fleet_contract.MigSlice(profile="1g.10gb", count=7, share=share),)
     cpu = observing.observe_node(cpu_node("c"))
     assert cpu.node.gpus == ()
     assert cpu.node.labels.instance_type == "c6i.large"
@@ -97,8 +98,12 @@ def test_amd_and_ascend_cards_are_counted_with_vendor_and_product() -> None:
     )
     assert mi300.compute_capability is None
     assert npu.compute_capability is None
-    # Placement stays NVIDIA's: neither node offers nvidia.com/gpu to a vLLM replica.
+    # Neither node offers nvidia.com/gpu; each offers its own resource to its own profile.
     assert (amd.gpus, amd.compute, ascend.gpus) == (0, None, 0)
+    assert (amd.devices, ascend.devices) == (
+        {"amd.com/gpu": 8},
+        {"huawei.com/Ascend910": 8, "huawei.com/Ascend910-2c": 4},
+    )
     report = fleet_contract.decode_report(
         fleet_contract.encode_report(
             fleet_contract.InventoryReport(

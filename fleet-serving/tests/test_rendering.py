@@ -51,7 +51,7 @@ def test_vllm_deployment_runs_the_openai_server_with_its_key_from_a_secret() -> 
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
 
 
-def test_vllm_requires_gpus_of_compute_7_5_or_better() -> None:
+def test_vllm_requires_gpus_of_compute_7_5_or_better_or_unlabelled() -> None:
     s = spec()
     pod = rendering.deployment(OWNER, s, profiles.check(s))["spec"]["template"]["spec"]
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -61,6 +61,9 @@ def test_vllm_requires_gpus_of_compute_7_5_or_better() -> None:
         {"matchExpressions": [
             {"key": "nvidia.com/gpu.compute.major", "operator": "In", "values": ["7"]},
             {"key": "nvidia.com/gpu.compute.minor", "operator": "Gt", "values": ["4"]}]},
+        # No GPU feature discovery: compute unknown is not too old (placement says so).
+        {"matchExpressions": [
+            {"key": "nvidia.com/gpu.compute.major", "operator": "DoesNotExist"}]},
     ]  # fmt: skip
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"

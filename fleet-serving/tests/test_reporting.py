@@ -14,7 +14,7 @@ from fleet_serving.reporting import Reporter, ReporterSettings, backoff_delay
 from fleet_serving.view import ClusterView
 from fleet_testing.ports import free_port
 
-from .conftest import gpu_node, receiving_inventory
+from .conftest import _node, fleetmodel, gpu_node, receiving_inventory
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -98,6 +98,38 @@ async def test_at_most_one_put_in_flight_and_the_newest_snapshot_wins(
     second = await asyncio.wait_for(state.received.get(), timeout=5)
     assert [len(first.nodes), len(second.nodes)] == [1, 3]
     assert state.max_in_flight == 1
+
+
+async def test_the_report_says_which_accelerator_each_model_asks_for_and_its_share(
+    running: tuple[ControlPlane, ClusterView, Reporter],
+) -> None:
+    state, view, _ = running
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    view.put_node(_node("mig-1", h100, {"nvidia.com/mig-1g.10gb": "7"}), deleted=False)
+    a30 = {"nvidia.com/gpu.product": "NVIDIA-A30"}
+    view.put_node(_node("mig-2", a30, {"nvidia.com/mig-2g.12gb": "2"}), deleted=False)
+    view.put_model(fleetmodel("slice", accelerator={"migProfile": "1g.10gb"}), deleted=False)
+    view.put_model(fleetmodel("a30", accelerator={"migProfile": "2g.12gb"}), deleted=False)
+    view.put_model(fleetmodel("mi300", accelerator={"vendor": "amd"}, gpusPerReplica=8),
+                   deleted=False)  # fmt: skip
+    view.put_model(fleetmodel("whole"), deleted=False)
+    view.put_model(fleetmodel("cpu", engine="llamacpp", weightFormat="gguf", gpusPerReplica=0),
+                   deleted=False)  # fmt: skip
+    report = await asyncio.wait_for(state.received.get(), timeout=5)
+    while len(report.deployments) < 5:  # a burst may be split across two PUTs
+        report = await asyncio.wait_for(state.received.get(), timeout=5)
+    got = {d.name: (d.accelerator, d.gpu_share) for d in report.deployments}
+    share = fleet_contract.CardShare
+    assert got == {
+        "slice": ("nvidia.com/mig-1g.10gb", share(numerator=1, denominator=7)),
+        "a30": ("nvidia.com/mig-2g.12gb", share(numerator=2, denominator=4)),
+        "mi300": ("amd.com/gpu", None),
+        "whole": ("nvidia.com/gpu", None),
+        "cpu": (None, None),
+    }
+    slices = {s.profile: s.share for n in report.nodes for g in n.gpus for s in g.mig_slices}
+    assert slices == {"1g.10gb": share(numerator=1, denominator=7),
+                      "2g.12gb": share(numerator=2, denominator=4)}  # fmt: skip
 
 
 async def test_failures_are_retried_with_backoff(

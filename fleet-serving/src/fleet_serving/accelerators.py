@@ -1,8 +1,8 @@
 """Accelerators other than NVIDIA's in a node's inventory: AMD Instinct and Huawei Ascend.
 
 P8 prices every card in the pool, so the report counts each vendor's extended resource with its
-vendor and product. Placement still renders and checks ``nvidia.com/gpu`` only (vLLM's compute
-capability rule is NVIDIA's); these facts feed the inventory, not scheduling. Pure functions.
+vendor and product. These facts feed the inventory; what a FleetModel asks for and where it is
+placed come from its accelerator profile (:mod:`fleet_serving.devices`). Pure functions.
 
 * AMD: ``amd.com/gpu`` (ROCm device plugin); product and memory from the AMD node labeller's
   ``amd.com/gpu.product-name`` and ``amd.com/gpu.vram`` (``192G``).

@@ -18,7 +18,16 @@ from typing import Any
 import kopf
 import msgspec
 
-from fleet_serving import images, observing, profiles, rendering, sources, statuses
+from fleet_serving import (
+    devices,
+    images,
+    observing,
+    placement,
+    profiles,
+    rendering,
+    sources,
+    statuses,
+)
 from fleet_serving.control_plane import WeightsClient, WeightsUnavailable
 from fleet_serving.errors import ForeignObject, InvalidSpec, KubernetesError, Rejected
 from fleet_serving.kube import Kube
@@ -81,9 +90,18 @@ async def reconcile(body: Mapping[str, Any], deps: Deps, logger: Any) -> None:
         check_name(seen.name)
         spec = decode_spec(body.get("spec") or {})
         profile = profiles.check(spec)
+        if spec.gpus_per_replica:
+            device = devices.device_profile(spec)
+            devices.check_namespace(device, seen.namespace, deps.view.host_mounts)
     except InvalidSpec:
         await publish_status(deps, key)  # Failed, with the reason
         raise
+    unchecked = placement.compute_unchecked(spec, profile, deps.view.nodes.values())
+    if deps.view.put_unchecked(key, unchecked):  # a warning: kopf posts it as an Event too
+        logger.warning(
+            f"compute check skipped on {', '.join(unchecked[:5])}: no GPU feature discovery "
+            f"(or chip) labels, so {profile.engine}'s compute floor could not be checked"
+        )
     registry = await _resolve_registry(deps, key, spec)
     uid = body["metadata"].get("uid") or ""
     owner = rendering.Owner(name=seen.name, namespace=seen.namespace, uid=uid)

@@ -60,7 +60,7 @@ async def run(settings: Settings) -> None:
     # The bare OperatorRegistry has no login handlers: use kopf's own, for the same client.
     kopf.on.login(registry=registry)(kopf.login_via_async_client)
     async with client.ApiClient(configuration) as api, aiohttp.ClientSession() as session:
-        view = ClusterView()
+        view = ClusterView(host_mounts=frozenset(settings.host_mount_namespaces))
         deps = Deps(
             view=view,
             kube=Kube(api),

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from fleet_contract import Endpoint, Gpu, MigSlice, Node, NodeLabels
-from fleet_serving import accelerators
+from fleet_serving import accelerators, devices
 
 __all__ = [
     "PROBLEM_REASONS",
@@ -38,6 +38,8 @@ _LABEL_REPLICAS = "nvidia.com/gpu.replicas"
 """Set by GPU feature discovery under time-slicing or MPS sharing: how many ``nvidia.com/gpu``
 each physical GPU is advertised as."""
 _INT = re.compile(r"^[0-9]+$")
+_DEVICE = re.compile(r"^(nvidia|amd|huawei)\.com/[A-Za-z0-9][-A-Za-z0-9_.+]*$")
+"""The vendors' extended resources a FleetModel may ask for (:mod:`fleet_serving.devices`)."""
 
 
 class ObservedNode(msgspec.Struct, kw_only=True, frozen=True):
@@ -47,6 +49,9 @@ class ObservedNode(msgspec.Struct, kw_only=True, frozen=True):
     labels: dict[str, str]
     gpus: int
     compute: tuple[int, int] | None
+    devices: dict[str, int] = {}
+    """Allocatable accelerators by extended resource (``nvidia.com/mig-1g.10gb``, ``amd.com/gpu``,
+    ``huawei.com/Ascend910``…), as the scheduler counts them."""
 
 
 def _count(value: Any) -> int:
@@ -72,8 +77,13 @@ def physical_gpus(allocatable: Mapping[str, Any], labels: Mapping[str, str]) -> 
 
 def _gpus(allocatable: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[Gpu, ...]:
     count = physical_gpus(allocatable, labels)
+    product = labels.get(_LABEL_PRODUCT)
     slices = tuple(
-        MigSlice(profile=key.removeprefix(MIG_PREFIX), count=_count(value))
+        MigSlice(
+            profile=(profile := key.removeprefix(MIG_PREFIX)),
+            count=_count(value),
+            share=devices.card_share(profile, product),
+        )
         for key, value in sorted(allocatable.items())
         if key.startswith(MIG_PREFIX) and len(key) > len(MIG_PREFIX)
     )
@@ -83,7 +93,7 @@ def _gpus(allocatable: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[Gp
     compute = _compute(labels)
     gpu = Gpu(
         vendor="nvidia",
-        product=labels.get(_LABEL_PRODUCT) or "unknown",
+        product=product or "unknown",
         memory_mib=_count(labels.get(_LABEL_MEMORY, 0)),
         count=count,
         compute_capability=f"{compute[0]}.{compute[1]}" if compute else None,
@@ -111,7 +121,9 @@ def observe_node(obj: Mapping[str, Any]) -> ObservedNode:
         gpus=_gpus(allocatable, labels),
     )
     gpus = _count(allocatable.get(GPU, 0))
-    return ObservedNode(node=node, labels=labels, gpus=gpus, compute=_compute(labels))
+    found = {k: _count(v) for k, v in sorted(allocatable.items()) if _DEVICE.match(k)}
+    return ObservedNode(node=node, labels=labels, gpus=gpus, compute=_compute(labels),
+                        devices={k: n for k, n in found.items() if n})  # fmt: skip
 
 
 def slice_endpoints(obj: Mapping[str, Any]) -> tuple[Endpoint, ...]:

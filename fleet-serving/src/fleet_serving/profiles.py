@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from fleet_contract import Engine, WeightFormat
-from fleet_serving import arguments, sources
+from fleet_serving import arguments, devices, sources
 from fleet_serving.errors import InvalidSpec
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import FleetModelSpec
@@ -37,7 +37,7 @@ FleetModel's engine arguments set no context size of their own (`n_predict_cap`)
 _CTX_FLAGS = ("-c", "--ctx-size")
 _PREDICT_FLAGS = ("-n", "--n-predict", "--predict")
 
-LLAMACPP_BUILD = "b6800"
+LLAMACPP_BUILD = devices.LLAMACPP_BUILD
 """The llama.cpp release whose ``server`` images are run: pinned, never a floating tag."""
 
 
@@ -47,8 +47,7 @@ class EngineProfile(msgspec.Struct, kw_only=True, frozen=True):
     engine: Engine
     weight_format: WeightFormat
     image: str
-    gpu_image: str | None = None
-    """The image to run when GPUs are requested, if not ``image`` (llama.cpp's CUDA build)."""
+    """The image without accelerators; with them, the device profile's (:mod:`devices`)."""
     metrics_open: bool = True
     """Whether ``/metrics`` answers without the API key (vLLM's does; llama-server's does not,
     so Prometheus annotations would only collect 401s)."""
@@ -82,7 +81,6 @@ LLAMACPP = EngineProfile(
     engine="llamacpp",
     weight_format="gguf",
     image=f"ghcr.io/ggml-org/llama.cpp:server-{LLAMACPP_BUILD}",
-    gpu_image=f"ghcr.io/ggml-org/llama.cpp:server-cuda-{LLAMACPP_BUILD}",
     port=8080,
     api_key_env="LLAMA_API_KEY",
     min_compute=None,
@@ -110,15 +108,17 @@ def check(spec: FleetModelSpec) -> EngineProfile:
     if spec.gpus_per_replica < profile.min_gpus:
         raise InvalidSpec(f"{profile.engine} needs at least {profile.min_gpus} GPU per replica")
     arguments.refuse_owned(spec.engine, spec.engine_args, gpus=spec.gpus_per_replica)
+    devices.check(spec, profile.engine)
     return profile
 
 
 def image_for(spec: FleetModelSpec, profile: EngineProfile) -> str:
-    """The spec's own image, else the profile's (its GPU build when GPUs are requested)."""
+    """The spec's own image, else the accelerator's build of the engine when it asks for
+    devices, else the profile's."""
     if spec.image:
         return spec.image
-    if spec.gpus_per_replica > 0 and profile.gpu_image:
-        return profile.gpu_image
+    if spec.gpus_per_replica > 0:
+        return devices.device_profile(spec).images.get(profile.engine, profile.image)
     return profile.image
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from fleet_serving import caching, images, profiles, sources
+from fleet_serving import caching, devices, images, profiles, sources
 from fleet_serving.profiles import EngineProfile
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import DEFAULT_ENGINE_KEY, GROUP, KIND, VERSION, FleetModelSpec
@@ -30,7 +30,6 @@ __all__ = [
 
 MODEL_LABEL = f"{GROUP}/model"
 """Set on every object the operator makes; its value is the FleetModel's name."""
-GPU_RESOURCE = "nvidia.com/gpu"
 COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"
 COMPUTE_MINOR = "nvidia.com/gpu.compute.minor"
 Obj = dict[str, Any]
@@ -118,16 +117,20 @@ def _metadata(owner: Owner) -> Obj:
 
 
 def gpu_affinity(minimum: tuple[int, int]) -> Obj:
-    """Required node affinity to GPUs of compute capability ≥ ``minimum`` (GFD node labels).
+    """Required node affinity to GPUs of compute capability ≥ ``minimum`` (GFD node labels),
+    or of unknown compute: a node without GPU feature discovery has no labels, and unknown is
+    not too old (placement says the check was skipped).
 
     Node selector terms are ORed and a term's expressions ANDed: major > M, or major = M and
-    minor ≥ m. ``Gt`` is strict, hence ``m - 1``.
+    minor ≥ m, or no major label. ``Gt`` is strict, hence ``m - 1``.
     """
     major, minor = minimum
     above = {"key": COMPUTE_MAJOR, "operator": "Gt", "values": [str(major)]}
     same = {"key": COMPUTE_MAJOR, "operator": "In", "values": [str(major)]}
     enough = {"key": COMPUTE_MINOR, "operator": "Gt", "values": [str(minor - 1)]}
-    terms = [{"matchExpressions": [above]}, {"matchExpressions": [same, enough]}]
+    unlabelled = {"key": COMPUTE_MAJOR, "operator": "DoesNotExist"}
+    terms = [{"matchExpressions": [above]}, {"matchExpressions": [same, enough]},
+             {"matchExpressions": [unlabelled]}]  # fmt: skip
     required = {"nodeSelectorTerms": terms}
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
 
@@ -142,7 +145,8 @@ def _resources(spec: FleetModelSpec, profile: EngineProfile) -> Obj:
         if name not in requests and name not in limits:
             requests[name] = value
     if spec.gpus_per_replica:
-        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(spec.gpus_per_replica)
+        device = devices.resource_name(spec)
+        requests[device] = limits[device] = str(spec.gpus_per_replica)
     return {k: v for k, v in {"requests": requests, "limits": limits}.items() if v}
 
 
@@ -178,15 +182,19 @@ def _container(
 ) -> Obj:
     secret = spec.api_key_secret or DEFAULT_ENGINE_KEY
     key_ref = {"name": secret.name, "key": secret.key}
+    device = devices.device_profile(spec) if spec.gpus_per_replica else None
+    command = device.command.get(profile.engine) if device and not spec.image else None
     return {
         "name": "engine",
         "image": profiles.image_for(spec, profile),
+        **({"command": command} if command else {}),
         "args": profiles.engine_args(spec, profile, registry),
         "ports": [{"name": "http", "containerPort": profile.port, "protocol": "TCP"}],
         "env": [
             {"name": profile.api_key_env, "valueFrom": {"secretKeyRef": key_ref}},
             *_cache_env(spec),
             *_scratch_env(),
+            *({"name": k, "value": v} for k, v in (device.env if device else ())),
         ],
         "resources": caching.engine_storage(spec, _resources(spec, profile)),
         "securityContext": _container_security(),
@@ -195,6 +203,7 @@ def _container(
             *caching.engine_mounts(spec, profiles.MODEL_DIR),
             {"name": "shm", "mountPath": "/dev/shm"},
             _scratch_mount(),
+            *(devices.volume_mounts(device) if device else []),
         ],
     } | _probes(profile)
 
@@ -257,7 +266,8 @@ def _tolerations(spec: FleetModelSpec) -> list[Obj]:
         {k: v for k, v in msgspec.to_builtins(t).items() if v is not None} for t in spec.tolerations
     ]
     if spec.gpus_per_replica:
-        given.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+        device = devices.resource_name(spec)
+        given.append({"key": device, "operator": "Exists", "effect": "NoSchedule"})
     return given
 
 
@@ -278,6 +288,7 @@ def _pod_spec(
             *caching.volumes(spec, registry),
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
             caching.scratch_volume(),
+            *(devices.host_volumes(devices.device_profile(spec)) if spec.gpus_per_replica else []),
         ],
         "nodeSelector": dict(spec.node_selector),
         "tolerations": _tolerations(spec),
@@ -285,7 +296,7 @@ def _pod_spec(
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
     }
-    if profile.min_compute is not None:
+    if profile.min_compute is not None and devices.device_profile(spec).nvidia_compute:
         pod["affinity"] = gpu_affinity(profile.min_compute)
     # The API server drops empty lists and maps, and unset fields; rendering them would look like
     # drift forever.

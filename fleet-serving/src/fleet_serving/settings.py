@@ -42,6 +42,9 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     init container of a ``registry:`` model sends to download its files."""
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch for FleetModels; empty means all (cluster-wide)."""
+    host_mount_namespaces: tuple[str, ...] = ()
+    """Namespaces, labelled Pod Security ``privileged`` by the install, where accelerators whose
+    driver is mounted from the host (Ascend) may run; elsewhere they are refused (ADR 0025)."""
     liveness: str = "http://0.0.0.0:8080/healthz"
     """kopf's liveness endpoint, for the Pod's livenessProbe."""
     resync_seconds: float = 60.0
@@ -94,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     scope = run.add_mutually_exclusive_group()
     scope.add_argument("--namespace", action="append", default=[], help="watch only this one")
     scope.add_argument("--all-namespaces", action="store_true", help="watch all (default)")
+    run.add_argument(
+        "--host-mount-namespace",
+        action="append",
+        default=[],
+        help="a privileged namespace where Ascend models (driver hostPath mounts) may run",
+    )
     run.add_argument("--report-interval", default="30s", help="heartbeat period, e.g. 30s")
     run.add_argument("--resync", default="60s", help="full reconcile period, e.g. 60s")
     run.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness URL")
@@ -143,6 +152,7 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         reporter=reporter,
         engine_token_secret=args.engine_token_secret,
         namespaces=tuple(args.namespace),
+        host_mount_namespaces=tuple(args.host_mount_namespace),
         liveness=args.liveness,
         resync_seconds=resync,
         fetch_images=fetch,

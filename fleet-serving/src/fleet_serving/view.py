@@ -17,7 +17,7 @@ import msgspec
 
 import fleet_serving
 from fleet_contract import SCHEMA_VERSION, Endpoint, InventoryReport, ModelDeployment
-from fleet_serving import observing, placement, profiles, statuses
+from fleet_serving import devices, observing, placement, profiles, statuses
 from fleet_serving.errors import InvalidSpec
 from fleet_serving.observing import ObservedNode
 from fleet_serving.spec import FleetModelSpec, FleetModelStatus, check_name, decode_spec
@@ -42,8 +42,9 @@ class ModelView(msgspec.Struct, kw_only=True, frozen=True):
 _status_decoder = msgspec.json.Decoder(FleetModelStatus)
 
 
-def model_view(body: Mapping[str, Any]) -> ModelView:
-    """Decode a FleetModel object; an invalid spec is kept with its reason."""
+def model_view(body: Mapping[str, Any], host_mounts: frozenset[str] = frozenset()) -> ModelView:
+    """Decode a FleetModel object; an invalid spec is kept with its reason. ``host_mounts``: the
+    namespaces where a device mounted from the host may run (:func:`devices.check_namespace`)."""
     meta = body.get("metadata") or {}
     spec: FleetModelSpec | None = None
     error: str | None = None
@@ -51,6 +52,9 @@ def model_view(body: Mapping[str, Any]) -> ModelView:
         check_name(meta["name"])
         spec = decode_spec(body.get("spec") or {})
         profiles.check(spec)
+        if spec.gpus_per_replica:
+            namespace = meta.get("namespace") or "default"
+            devices.check_namespace(devices.device_profile(spec), namespace, host_mounts)
     except InvalidSpec as exc:
         error = str(exc)
     try:
@@ -78,7 +82,9 @@ class SourceIssue(msgspec.Struct, frozen=True):
 class ClusterView:
     """Mutable observed state; one instance per operator process."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, host_mounts: frozenset[str] = frozenset()) -> None:
+        self.host_mounts = host_mounts
+        """Namespaces where accelerators whose driver is mounted from the host may run."""
         self.nodes: dict[str, ObservedNode] = {}
         self.models: dict[Key, ModelView] = {}
         self.bodies: dict[Key, Mapping[str, Any]] = {}
@@ -91,6 +97,8 @@ class ClusterView:
         """What resolving a ``registry:`` source last found wrong, while it is so."""
         self.apply_issues: dict[Key, tuple[str, str]] = {}
         """(reason, message) of why a model's objects could not be applied, while it is so."""
+        self.unchecked: dict[Key, tuple[str, ...]] = {}
+        """Nodes whose compute could not be checked for a model, as last said in its log."""
         self.changed = asyncio.Event()
         self._placements: dict[tuple[Any, ...], str | None] = {}
         """Placement reasons by what they depend on; cleared when any node changes."""
@@ -118,11 +126,12 @@ class ClusterView:
         return self._touch(before != after)
 
     def put_model(self, body: Mapping[str, Any], *, deleted: bool) -> ModelView | None:
-        seen = model_view(body)
+        seen = model_view(body, self.host_mounts)
         key = (seen.namespace, seen.name)
         if deleted:
             self.source_issues.pop(key, None)
             self.apply_issues.pop(key, None)
+            self.unchecked.pop(key, None)
             self.bodies.pop(key, None)
             self._touch(self.models.pop(key, None) is not None)
             return None
@@ -172,6 +181,13 @@ class ClusterView:
             pods[pod] = problem
         return before != problem
 
+    def put_unchecked(self, key: Key, nodes: list[str]) -> bool:
+        """Record the nodes whose compute check is skipped for a model; True when they are new to
+        say (some, and not what was said last), so a resync does not repeat the warning."""
+        before = self.unchecked.get(key)
+        self.unchecked[key] = tuple(nodes)
+        return bool(nodes) and before != tuple(nodes)
+
     def endpoints(self, key: Key) -> tuple[Endpoint, ...]:
         """Every pod URL of a model, from all of its EndpointSlices, sorted."""
         namespace, model = key
@@ -220,7 +236,8 @@ class ClusterView:
 
     def _unplaceable(self, spec: FleetModelSpec) -> str | None:
         """Placement over every node is O(nodes); models asking the same thing share the answer."""
-        needs = (spec.engine, spec.gpus_per_replica, tuple(sorted(spec.node_selector.items())))
+        selector = tuple(sorted(spec.node_selector.items()))
+        needs = (spec.engine, spec.gpus_per_replica, spec.accelerator, selector)
         if needs not in self._placements:
             profile = profiles.profile_for(spec.engine)
             self._placements[needs] = placement.unplaceable(spec, profile, self.nodes.values())
@@ -232,6 +249,8 @@ class ClusterView:
         observation = self.observe(key)
         assert observation is not None
         status = statuses.decide(observation, previous=seen.status, now="")
+        mig = seen.spec.accelerator.mig_profile
+        asks = bool(seen.spec.gpus_per_replica)
         return ModelDeployment(
             name=seen.name,
             namespace=seen.namespace,
@@ -245,6 +264,8 @@ class ClusterView:
             reason=status.message if status.phase != "Ready" else "",
             endpoints=self.endpoints(key),
             registry_model=seen.spec.source.registry,
+            accelerator=devices.resource_name(seen.spec) if asks else None,
+            gpu_share=devices.card_share(mig) if asks and mig else None,
         )
 
     def report(
