@@ -19,13 +19,16 @@
 #   KUBECTL                the kubectl command (default: kubectl; k3s-bootstrap: k3s kubectl)
 #   FLEET_APISERVER_URL    the control plane as this machine reaches it; unset, a port-forward;
 #                          `clusterip`: its Service's address (from a node)
+#   FLEET_GATEWAY_HOST, FLEET_TLS_ISSUER   the ingress's certificate (gateway-tls.sh), made when
+#                          the overlay's Ingress names the Secret fleet-gateway-tls (overlays/k3s)
 #
 # Every Secret is created only when missing, from stdin (never argv, where `ps` would show it):
 #   1. fleet-system/fleet-admin-token (random); without fleet-system/fleet-core, one holding a
 #      random gateway API key (printed once) so the gateway serves closed, never anonymously;
 #      the engine keys (ADR 0010, 0020): fleet-engine-key holds the fleet engine secret in
 #      fleet-system (mounted by the gateway) and the cluster's key, HMAC-SHA256 of the cluster id
-#      under that secret, in the models' namespace (read by the engines);
+#      under that secret, in the models' namespace (read by the engines); the ingress's
+#      self-signed certificate, fleet-gateway-tls, when the overlay serves HTTPS (gateway-tls.sh);
 #   2. applies the overlay and waits for the control plane;
 #   3. issues the operator (this cluster), gateway, metrics and engine credentials through its
 #      API and stores each in its Secret (again when the control plane no longer knows the one
@@ -84,6 +87,9 @@ if missing "$models" fleet-engine-key; then
   printf '%s' "$engine_secret" | cluster_key "$cluster" | store "$models" fleet-engine-key api-key
 fi
 unset engine_secret
+if k kustomize "$overlay" | grep -Eq '^ *(- )?secretName: fleet-gateway-tls$'; then
+  KUBECTL="${KUBECTL:-kubectl}" "$here/gateway-tls.sh"
+fi
 if missing fleet-system fleet-core; then
   key="demo/default/$(random)"
   printf 'FLEET_API_KEYS=%s\n' "$key" | k -n fleet-system create secret generic fleet-core \

@@ -4,14 +4,17 @@
 # Usage:  make image && sudo deploy/k3s-bootstrap.sh      (from the repository root)
 #
 # What it does, in order:
-#   1. installs k3s (single node; its bundled Traefik serves the gateway on port 80) unless a
-#      `k3s` binary is already present; K3S_VERSION pins a release (default: the stable channel);
+#   1. installs k3s (single node; its bundled Traefik serves the gateway over HTTPS on port 443)
+#      unless a `k3s` binary is already present; K3S_VERSION pins a release (default: the stable
+#      channel). Its kubeconfig, /etc/rancher/k3s/k3s.yaml, holds cluster-admin credentials and
+#      is written 0600 (root only): copy it for your user as deploy/README.md says;
 #   2. waits until the node is Ready, then imports Fleet's images into k3s's containerd from the
 #      archive `make image` wrote (FLEET_IMAGES, default build/fleet-images-<fleet-core
 #      version>.tar; on a node of another architecture, its two .oci.tar archives): no registry
 #      is needed, and the manifests name exactly those tags;
 #   3. runs install.sh for cluster k3s with deploy/overlays/k3s: the Secrets deploy/ ships no
-#      default for (docs/security.md), the overlay, the operator (cluster k3s), gateway, engine
+#      default for (docs/security.md), the ingress's self-signed certificate for
+#      FLEET_GATEWAY_HOST (default localhost; gateway-tls.sh), the overlay, the operator (cluster k3s), gateway, engine
 #      and metrics credentials, and the cluster's binding to its pod network (10.42.0.0/16) and
 #      no model yet. A FleetModel serves once the admin binds its served model name.
 #
@@ -42,7 +45,7 @@ done
 if ! command -v k3s >/dev/null 2>&1; then
   echo "k3s-bootstrap: installing k3s ${K3S_VERSION:-(stable)}"
   curl -sfL https://get.k3s.io | INSTALL_K3S_VERSION="${K3S_VERSION:-}" sh -s - \
-    --write-kubeconfig-mode 0644
+    --write-kubeconfig-mode 0600  # cluster-admin credentials: root's alone
 fi
 
 export KUBECONFIG=/etc/rancher/k3s/k3s.yaml
@@ -59,7 +62,9 @@ done
 KUBECTL="k3s kubectl" FLEET_OVERLAY="$here/overlays/k3s" FLEET_CLUSTER_ID=k3s \
   FLEET_POD_CIDR=10.42.0.0/16 "$here/install.sh"
 
-echo "k3s-bootstrap: done. Try: kubectl get fm -A; curl http://localhost/v1/models -H \"Authorization: Bearer \$KEY\""
+echo "k3s-bootstrap: done. Try: k3s kubectl get fm -A, and with the certificate to trust:"
+echo "  k3s kubectl -n fleet-system get secret fleet-gateway-tls -o jsonpath='{.data.ca\\.crt}' | base64 -d > fleet-gateway.crt"
+echo "  curl --cacert fleet-gateway.crt https://${FLEET_GATEWAY_HOST:-localhost}/v1/models -H \"Authorization: Bearer \$KEY\""
 echo "k3s-bootstrap: without FLEET_DATABASE_URL the control plane keeps credentials in memory;"
 echo "  after it restarts, delete fleet-operator-token, fleet-gateway-token, fleet-metrics-token"
 echo "  and fleet-models/fleet-engine-token and run this again (or give it a database)."

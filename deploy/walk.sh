@@ -14,8 +14,9 @@
 #   FLEET_WALK_GPUS        step 6: gpusPerReplica (default 1; 0 runs llama.cpp on the CPU and
 #                          drops runtimeClassName)
 #   FLEET_MODELS_NAMESPACE step 6: the FleetModel's namespace (default fleet-models, as install.sh)
-#   FLEET_WALK_GATEWAY     step 7: the gateway's URL from this machine (default http://localhost,
-#                          k3s's Traefik; `clusterip`: its Service's address, from a node)
+#   FLEET_WALK_GATEWAY     step 7: the gateway's URL from this machine (default
+#                          https://localhost, k3s's Traefik, trusting the certificate in
+#                          fleet-gateway-tls; `clusterip`: its Service's address, from a node)
 #   FLEET_CLUSTER_ID, FLEET_POD_CIDR   the cluster's id and pod network (default k3s, 10.42.0.0/16)
 #   FLEET_DATABASE_URL, FLEET_REDIS_URL   step 4: the control plane's Postgres and the gateways'
 #                          Redis, as pods reach them (required for step 4)
@@ -29,7 +30,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 steps="${FLEET_WALK_STEPS:-1 2 3 4 5 6 7}"
 model="${FLEET_WALK_MODEL:-gemma-3-270m}"
 gpus="${FLEET_WALK_GPUS:-1}"
-gateway="${FLEET_WALK_GATEWAY:-http://localhost}"
+gateway="${FLEET_WALK_GATEWAY:-https://localhost}"
 export FLEET_CLUSTER_ID="${FLEET_CLUSTER_ID:-k3s}" FLEET_POD_CIDR="${FLEET_POD_CIDR:-10.42.0.0/16}"
 read -r -a kubectl <<<"${KUBECTL:-kubectl}"
 read -r -a fleet <<<"${FLEET_CLI:-fleet}"
@@ -57,7 +58,7 @@ close_api() {  # a port-forward follows one pod: closed when the control plane r
   if [[ -n $forward ]]; then kill "$forward" 2>/dev/null || true; fi
   forward=""
 }
-trap close_api EXIT
+trap 'close_api; rm -f "${gateway_ca:-}"' EXIT
 admin_token() { k -n fleet-system get secret fleet-admin-token -o jsonpath='{.data.token}' | base64 -d; }
 call() {  # method, path[, body]: the admin's call, its token through a file descriptor
   curl -sf -X "$1" "$API$2" -H @<(printf 'Authorization: Bearer %s\n' "$(admin_token)") \
@@ -73,16 +74,22 @@ step2() {  # images and k3s (or, on a cluster that has them, the install alone)
   ${FLEET_WALK_INSTALL:-"$here/k3s-bootstrap.sh"}
 }
 
-step3() {  # the GPU in Kubernetes
+step3() {  # the GPU in Kubernetes: the runtime class, the device plugin (k3s's Helm controller)
   k apply -f - <<'YAML' >/dev/null
 apiVersion: node.k8s.io/v1
 kind: RuntimeClass
 metadata: {name: nvidia}
 handler: nvidia
 YAML
+  k apply -f "$here/gpu/nvidia-device-plugin.yaml" >/dev/null
   local gpus_on_node
-  gpus_on_node="$(k get node -o jsonpath='{.items[0].status.allocatable.nvidia\.com/gpu}')"
-  [[ ${gpus_on_node:-0} -ge 1 ]] || { say "3: the node advertises no nvidia.com/gpu"; return 1; }
+  for _ in $(seq 60); do
+    gpus_on_node="$(k get node -o jsonpath='{.items[0].status.allocatable.nvidia\.com/gpu}')"
+    [[ ${gpus_on_node:-0} -ge 1 ]] && return 0
+    sleep 5
+  done
+  say "3: the node advertises no nvidia.com/gpu after 5 minutes"
+  return 1
 }
 
 step4() {  # a database for the control plane (and Redis for the gateways)
@@ -127,10 +134,19 @@ YAML
     --for=jsonpath='{.status.phase}'=Ready --timeout=600s >/dev/null
 }
 
+gateway_ca=""
+trust_gateway() {  # over HTTPS, trust the ingress's certificate (gateway-tls.sh) and no other
+  [[ $gateway == https://* ]] || return 0
+  gateway_ca="$(mktemp)"
+  k -n fleet-system get secret fleet-gateway-tls -o jsonpath='{.data.ca\.crt}' | base64 -d >"$gateway_ca"
+}
+gw() { curl ${gateway_ca:+--cacert "$gateway_ca"} "$@"; }
+
 step7() {  # a key and a chat completion, then the request in the ledger
   local key answer
   open_api
   if [[ $gateway == clusterip ]]; then gateway="$(cluster_ip fleet-gateway 8080)"; fi
+  trust_gateway
   call POST /api/v1/tenants '{"id": "walk", "name": "Walk"}' >/dev/null || true
   call POST /api/v1/projects '{"tenantId": "walk", "name": "default"}' >/dev/null || true
   key="$(call POST /api/v1/keys '{"projectId": "walk/default", "label": "walk"}' \
@@ -138,13 +154,13 @@ step7() {  # a key and a chat completion, then the request in the ledger
   # The new key and the model's endpoint reach the gateway within seconds: until it lists the
   # model as ready to this key, a request would be 401 or 503.
   for _ in $(seq 60); do
-    curl -sf "$gateway/v1/models" -H @<(printf 'Authorization: Bearer %s\n' "$key") \
+    gw -sf "$gateway/v1/models" -H @<(printf 'Authorization: Bearer %s\n' "$key") \
       | python3 -c 'import json, sys
 sys.exit(0 if any(m["id"] == sys.argv[1] and m["ready"] for m in json.load(sys.stdin)["data"]) else 1)' "$model" \
       && break
     sleep 1
   done
-  answer="$(curl -sf "$gateway/v1/chat/completions" -H @<(printf 'Authorization: Bearer %s\n' "$key") \
+  answer="$(gw -sf "$gateway/v1/chat/completions" -H @<(printf 'Authorization: Bearer %s\n' "$key") \
     -H 'content-type: application/json' \
     -d "{\"model\": \"$model\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 8}")"
   python3 -c 'import json, sys; print("walk: 7: the model said:", json.load(sys.stdin)["choices"][0]["message"]["content"], file=sys.stderr)' <<<"$answer"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from fleet_serving import crd, rendering
 from fleet_serving.applying import drifted
@@ -186,7 +187,44 @@ def test_k3s_overlay_changes_what_it_says() -> None:
     gateway = next(o for o in objects if o["metadata"]["name"] == "fleet-gateway" and
                    o["kind"] == "Deployment")  # fmt: skip
     assert gateway["spec"]["replicas"] == 1
-    assert any(o["kind"] == "Ingress" for o in objects)
+    (ingress,) = [o for o in objects if o["kind"] == "Ingress"]
+    # HTTPS only: the router is on Traefik's websecure entry point alone, so port 80 serves no
+    # /v1 a client could send its key to in clear.
+    assert ingress["spec"]["tls"] == [{"secretName": "fleet-gateway-tls"}]
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations["traefik.ingress.kubernetes.io/router.entrypoints"] == "websecure"
+    assert annotations["traefik.ingress.kubernetes.io/router.tls"] == "true"
+    assert "gateway-tls.sh" in (DEPLOY / "install.sh").read_text()
+
+
+@pytest.mark.parametrize("where", ["base", "overlays/k3s", "overlays/test-node"])
+def test_the_gateways_grace_outlasts_its_drain(where: str) -> None:
+    """Deleted, the gateway keeps accepting through preStop while kube-proxies and the ingress
+    drop it, then drains for FLEET_SHUTDOWN_GRACE_S; the kubelet's grace counts both, so it must
+    be longer, or SIGKILL cuts the streams the drain was finishing."""
+    pod = deployment_of(kustomize(DEPLOY / where), "fleet-gateway")["spec"]["template"]["spec"]
+    (gateway,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in gateway["env"]}
+    sleep = gateway["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = float(env["FLEET_SHUTDOWN_GRACE_S"])
+    assert sleep >= 5
+    assert drain >= 60  # a long stream, as an engine's default drain
+    assert pod["terminationGracePeriodSeconds"] >= sleep + drain + 5
+
+
+def test_only_the_monitoring_namespace_reaches_the_unauthenticated_metrics_port() -> None:
+    objects = kustomize(DEPLOY / "base")
+    policies = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "NetworkPolicy"}
+    policy = policies["fleet-gateway"]
+    labels = deployment_of(objects, "fleet-gateway")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    open_to_all, metrics = policy["ingress"]
+    assert "from" not in open_to_all
+    assert open_to_all["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert metrics["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    assert metrics["ports"] == [{"port": 9090, "protocol": "TCP"}]
 
 
 def test_drift_is_a_subset_comparison() -> None:
@@ -278,3 +316,20 @@ def test_network_policies_admit_only_the_gateway_and_the_operator() -> None:
     assert peer["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "fleet-system"
     }
+
+
+def test_the_service_monitor_scrapes_the_metrics_only_port() -> None:
+    """A Prometheus-operator user and an annotations user scrape the same unauthenticated port."""
+    (monitor,) = yaml.safe_load_all((DEPLOY / "monitoring" / "servicemonitor.yaml").read_text())
+    objects = kustomize(DEPLOY / "base")
+    (service,) = [o for o in objects if o["kind"] == "Service" and
+                  o["metadata"]["name"] == "fleet-gateway"]  # fmt: skip
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    assert str(port["port"]) == service["metadata"]["annotations"]["prometheus.io/port"]
+    assert "bearerTokenSecret" not in endpoint
+    assert "authorization" not in endpoint

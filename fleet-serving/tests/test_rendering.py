@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from fleet_contract import ModelWeights, WeightFile
-from fleet_serving import profiles, rendering
+from fleet_serving import profiles, rendering, rollout
 from fleet_serving.errors import InvalidSpec
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import decode_spec
@@ -420,8 +420,37 @@ def test_resources_the_user_names_are_not_defaulted() -> None:
 def test_a_deleted_engine_keeps_serving_until_the_gateways_let_it_go(
     s: Any, registry: RegistryWeights | None, inits: int
 ) -> None:
-    """preStop sleeps (no binary needed in the image) within the grace period the kubelet gives."""
+    """preStop sleeps (no binary needed in the image) for the default drain, within the grace
+    period the kubelet gives, with time left for the engine to stop after SIGTERM."""
     pod = pod_of(s, registry)
     (engine,) = pod["containers"]
-    assert engine["lifecycle"] == {"preStop": {"sleep": {"seconds": rendering.DRAIN_SECONDS}}}
-    assert pod.get("terminationGracePeriodSeconds", 30) > rendering.DRAIN_SECONDS
+    assert engine["lifecycle"] == {"preStop": {"sleep": {"seconds": 30}}}
+    assert pod["terminationGracePeriodSeconds"] == 30 + rollout.STOP_S
+
+
+@pytest.mark.parametrize("drain", [rollout.ROUTING_DELAY_S, 300, rollout.MAX_DRAIN_S])
+def test_the_drain_sets_the_sleep_and_the_grace_together(drain: int) -> None:
+    """A long stream finishes within ``drainSeconds``: the kubelet sleeps that long before
+    SIGTERM, and its grace period (which counts the sleep) outlasts it by the engine's stop."""
+    s = spec(drainSeconds=drain)
+    pod = rendering.deployment(OWNER, s, profiles.check(s))["spec"]["template"]["spec"]
+    (engine,) = pod["containers"]
+    assert engine["lifecycle"]["preStop"]["sleep"]["seconds"] == drain
+    assert pod["terminationGracePeriodSeconds"] == drain + rollout.STOP_S
+
+
+@pytest.mark.parametrize("drain", [0, rollout.ROUTING_DELAY_S - 1, rollout.MAX_DRAIN_S + 1])
+def test_a_drain_too_short_to_leave_the_gateways_or_too_long_is_refused(drain: int) -> None:
+    with pytest.raises(InvalidSpec, match=r"spec\.drainSeconds"):
+        spec(drainSeconds=drain)
+
+
+def test_the_progress_deadline_outlasts_the_startup_probe() -> None:
+    """A model still loading within its startup probe's budget is never ProgressDeadlineExceeded:
+    the deadline is that budget plus the pull and the weights' fetch before it."""
+    s = spec()
+    d = rendering.deployment(OWNER, s, profiles.check(s))
+    probe = container(d)["startupProbe"]
+    budget = probe["periodSeconds"] * probe["failureThreshold"]
+    assert budget == rollout.STARTUP_BUDGET_S == 1800
+    assert d["spec"]["progressDeadlineSeconds"] >= budget + 600

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from fleet_serving import caching, devices, images, profiles, sources
+from fleet_serving import caching, devices, images, profiles, rollout, sources
 from fleet_serving.profiles import EngineProfile
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import DEFAULT_ENGINE_KEY, GROUP, KIND, VERSION, FleetModelSpec
@@ -43,10 +43,6 @@ SCRATCH_DIR = "/tmp"
 engines write caches under ``~`` (vLLM: ``~/.cache``, ``~/.config``, triton and torch's compile
 caches) and temporary files (the fetch script's ``mktemp``)."""
 FETCH_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
-DRAIN_SECONDS = 10
-"""How long a deleted engine pod keeps serving before its engine is stopped: its endpoint has
-left the EndpointSlice at once, and this covers the operator's report and every gateway's next
-poll of the endpoints, so a rollout or a drain refuses no request routed in the meantime."""
 """An init container's requests: a copier streaming to disk (``aws s3 cp``'s multipart buffers,
 curl) needs little, and what it needs is reserved before the engine's."""
 
@@ -152,9 +148,13 @@ def _resources(spec: FleetModelSpec, profile: EngineProfile) -> Obj:
 
 def _probes(profile: EngineProfile) -> Obj:
     check = {"httpGet": {"path": profile.health_path, "port": "http"}}
+    startup = {
+        "periodSeconds": rollout.STARTUP_PERIOD_S,
+        "failureThreshold": rollout.STARTUP_FAILURES,
+    }
     return {
         # Loading weights can take many minutes; the startup probe holds the others off.
-        "startupProbe": check | {"periodSeconds": 10, "failureThreshold": 180},
+        "startupProbe": check | startup,
         "readinessProbe": check | {"periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": check | {"periodSeconds": 15, "failureThreshold": 4},
     }
@@ -198,7 +198,7 @@ def _container(
         ],
         "resources": caching.engine_storage(spec, _resources(spec, profile)),
         "securityContext": _container_security(),
-        "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_SECONDS}}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": spec.drain_seconds}}},
         "volumeMounts": [
             *caching.engine_mounts(spec, profiles.MODEL_DIR),
             {"name": "shm", "mountPath": "/dev/shm"},
@@ -295,6 +295,7 @@ def _pod_spec(
         "runtimeClassName": spec.runtime_class_name,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": rollout.termination_grace(spec.drain_seconds),
     }
     if profile.min_compute is not None and devices.device_profile(spec).nvidia_compute:
         pod["affinity"] = gpu_affinity(profile.min_compute)
@@ -353,6 +354,7 @@ def deployment(
         "metadata": _metadata(owner),
         "spec": {
             "replicas": spec.replicas,
+            "progressDeadlineSeconds": rollout.PROGRESS_DEADLINE_S,
             "selector": {"matchLabels": {MODEL_LABEL: owner.name}},
             "strategy": rollout_strategy(spec),
             "template": {

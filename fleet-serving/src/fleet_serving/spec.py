@@ -15,6 +15,7 @@ import msgspec
 from msgspec import Meta
 
 from fleet_contract import Engine, Phase, WeightFormat
+from fleet_serving import rollout
 from fleet_serving.errors import InvalidSpec
 from fleet_serving.images import PinnedImage
 
@@ -201,6 +202,11 @@ class FleetModelSpec(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     runtime_class_name: Dns1123Label | None = None
     """The pods' RuntimeClass, e.g. ``nvidia`` on k3s, which registers the NVIDIA runtime as one."""
     model_volume: ModelVolume = ModelVolume()
+    drain_seconds: Annotated[int, Meta(ge=rollout.ROUTING_DELAY_S, le=rollout.MAX_DRAIN_S)] = (
+        rollout.DEFAULT_DRAIN_S
+    )
+    """How long a deleted pod keeps serving before its engine is stopped: set it to the longest
+    stream clients expect (``max_tokens`` over tokens per second). Every deletion waits it out."""
 
 
 class Condition(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):

@@ -299,6 +299,7 @@ def create_gateway_app(settings: GatewaySettings, resources: GatewayResources) -
     app.state.router = router
     app.state.admission = admission
     app.state.database = database
+    app.state.metrics = metrics  # for the metrics-only listener (FLEET_METRICS_LISTEN)
     return GatewayApp(app, hot, access_log=settings.log.access)
 
 

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,13 +29,15 @@ from fleet_core.gateway.admission.rate_policy import DIMENSIONS
 from fleet_core.gateway.app import create_gateway_app, open_resources
 from fleet_core.gateway.config import GatewayConfig, load_config
 from fleet_core.gateway.demo import demo_engine, with_demo
+from fleet_core.gateway.edge import scraping
 from fleet_core.gateway.settings import GatewaySettings, from_env
 from fleet_core.shared.asgi_server import (
     SERVERS,
     Server,
+    listening_socket,
     parse_listen,
     run,
-    serve_app,
+    serve_socket,
     settle_heap,
     stop_on_signals,
 )
@@ -62,18 +65,40 @@ async def _run_gateway(
             server,
             len(settings.config.upstreams),
         )
-        await serve_app(
-            app,
-            listen,
-            grace_s=settings.shutdown_grace_s,
-            stop=stop,
-            reuse_port=bool(worker),
-            server=server,
-            limits=settings.http_limits,
+        apps: list[object] = [app]
+        if settings.metrics_listen:
+            apps.append(scraping.metrics_app(app.state.metrics))
+            log.info("fleet-gateway: /metrics without a credential on %s", settings.metrics_listen)
+        sockets = _listen(listen, settings.metrics_listen, reuse_port=bool(worker))
+        await asyncio.gather(
+            *(
+                serve_socket(
+                    each,
+                    sock,
+                    grace_s=settings.shutdown_grace_s,
+                    stop=stop,
+                    server=server,
+                    limits=settings.http_limits,
+                )
+                for each, sock in zip(apps, sockets, strict=True)
+            )
         )
     if orphaned is not None:
         orphaned.cancel()
     log.info("fleet-gateway %sstopped", f"worker {worker} " if worker else "")
+
+
+def _listen(listen: str, metrics: str | None, *, reuse_port: bool) -> list[socket.socket]:
+    """The main socket, then the metrics-only one: both bound before either serves, so a port
+    that is taken stops the gateway in one line rather than leaving one of them serving."""
+    main = listening_socket(*parse_listen(listen), reuse_port=reuse_port)
+    if metrics is None:
+        return [main]
+    try:
+        return [main, listening_socket(*parse_listen(metrics), reuse_port=reuse_port)]
+    except ConfigError:
+        main.close()
+        raise
 
 
 async def _stop_when_orphaned(stop: asyncio.Event) -> None:
@@ -104,11 +129,27 @@ def _settings(args: argparse.Namespace, env: dict[str, str]) -> tuple[GatewaySet
     settings = from_env(env, config)
     listen = args.listen or config.listen
     parse_listen(listen)
+    if settings.metrics_listen is not None:
+        _metrics_listen(settings.metrics_listen, listen)
     if not (config.upstreams or args.demo or args.demo_url or settings.control_plane_url):
         raise ConfigError(
             "no upstreams: pass --config fleet.yaml, --demo, or set FLEET_CONTROL_PLANE_URL"
         )
     return settings, listen
+
+
+def _metrics_listen(metrics: str, listen: str) -> None:
+    """The metrics-only listener must be a port of its own: on the main one it would be the
+    main listener, credential and all (or a bind error)."""
+    try:
+        port = parse_listen(metrics)[1]
+    except ConfigError as exc:
+        raise ConfigError(f"FLEET_METRICS_LISTEN: {exc}") from None
+    if port == parse_listen(listen)[1] != 0:
+        raise ConfigError(
+            f"FLEET_METRICS_LISTEN={metrics} uses the gateway's own port ({listen}): give the "
+            "metrics-only listener a port of its own, e.g. 0.0.0.0:9090"
+        )
 
 
 def _needs_shared_store(settings: GatewaySettings, count: int) -> None:

@@ -116,6 +116,10 @@ class GatewaySettings:
     metrics_dir: Path | None = None
     """In a worker of ``--workers N``: the directory every worker's metrics are written to and
     summed from (FLEET_WORKER_METRICS_DIR, set by the supervisor); None: one process."""
+    metrics_listen: str | None = None
+    """HOST:PORT of a second listener serving only ``GET /metrics``, without a credential, for a
+    scraper that holds none (FLEET_METRICS_LISTEN); keep it where only the scraper reaches it
+    (deploy/ does, with a NetworkPolicy). Unset: none, and /metrics needs the credential."""
     metrics_flush_s: float = 1.0
     """In a worker of ``--workers N``: at most how long after a change its metrics reach the
     shared files, so how old the other workers' counts in a scrape may be
@@ -216,6 +220,7 @@ def from_env(env: Mapping[str, str], config: GatewayConfig) -> GatewaySettings:
         shutdown_grace_s=shutdown_grace_from_env(env),
         http_limits=http_limits_from_env(env),
         metrics_flush_s=env_seconds(env, "FLEET_METRICS_FLUSH_S", 1.0),
+        metrics_listen=env.get("FLEET_METRICS_LISTEN") or None,
         log=log_from_env(env),
         admission=admission_from_env(env, database_mode=database is not None),
         console=console_from_env(env),
