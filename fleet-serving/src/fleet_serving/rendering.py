@@ -8,11 +8,13 @@ in the cluster.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
-from fleet_serving import profiles, sources
+from fleet_serving import adapters, profiles, sources
+from fleet_serving.adapters import ResolvedAdapter
 from fleet_serving.profiles import EngineProfile
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import DEFAULT_ENGINE_KEY, GROUP, KIND, VERSION, FleetModelSpec
@@ -210,15 +212,33 @@ def _fetcher(spec: FleetModelSpec, registry: RegistryWeights | None) -> list[Obj
         fetcher = _s3_fetcher(spec, spec.source.uri)
     else:
         return []
+    return [_init_container(fetcher)]
+
+
+def _init_container(fetcher: Obj) -> Obj:
     mounts = [{"name": "models", "mountPath": profiles.MODEL_DIR}, _scratch_mount()]
-    return [
-        fetcher
-        | {
-            "resources": {"requests": dict(FETCH_REQUESTS)},
-            "securityContext": _container_security(),
-            "volumeMounts": mounts,
-        }
-    ]
+    return fetcher | {
+        "resources": {"requests": dict(FETCH_REQUESTS)},
+        "securityContext": _container_security(),
+        "volumeMounts": mounts,
+    }
+
+
+def _with_adapters(pod: Obj, spec: FleetModelSpec, resolved: Sequence[ResolvedAdapter]) -> Obj:
+    """The adapters' engine flags, before the user's own engineArgs (which may override them),
+    and an init container fetching their files from the registry (:mod:`fleet_serving.adapters`)."""
+    if not resolved:
+        return pod
+    (engine,) = pod["containers"]
+    cut = len(engine["args"]) - len(spec.engine_args)
+    flags = adapters.engine_args(spec, resolved, model_dir=profiles.MODEL_DIR)
+    engine["args"] = [*engine["args"][:cut], *flags, *engine["args"][cut:]]
+    fetcher = _registry_fetcher(resolved[0].registry) | {
+        "name": "fetch-adapters",
+        "args": adapters.fetch_args(resolved),
+    }
+    pod["initContainers"] = [*pod.get("initContainers", []), _init_container(fetcher)]
+    return pod
 
 
 def _registry_fetcher(registry: RegistryWeights) -> Obj:
@@ -308,11 +328,15 @@ def deployment(
     spec: FleetModelSpec,
     profile: EngineProfile,
     registry: RegistryWeights | None = None,
+    resolved_adapters: Sequence[ResolvedAdapter] = (),
 ) -> Obj:
     """The Deployment running ``spec.replicas`` engine pods. A ``registry:`` source needs
-    ``registry``, the resolved model (:mod:`fleet_serving.sources`)."""
+    ``registry``, the resolved model (:mod:`fleet_serving.sources`); ``spec.adapters`` need
+    ``resolved_adapters``, theirs."""
     if spec.source.registry is not None and registry is None:
         raise ValueError("a registry: source is rendered only once resolved")
+    if len(resolved_adapters) != len(spec.adapters):
+        raise ValueError("spec.adapters are rendered only once resolved")
     labels = common_labels(owner.name)
     # Scrape annotations only where /metrics answers without the engine's key (vLLM): a
     # llama-server behind --api-key answers 401, so scraping it needs the key (a ServiceMonitor
@@ -337,7 +361,9 @@ def deployment(
             "template": {
                 "metadata": {"labels": labels}
                 | ({"annotations": annotations} if annotations else {}),
-                "spec": _pod_spec(owner, spec, profile, registry),
+                "spec": _with_adapters(
+                    _pod_spec(owner, spec, profile, registry), spec, resolved_adapters
+                ),
             },
         },
     }

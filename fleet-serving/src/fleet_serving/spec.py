@@ -24,6 +24,8 @@ __all__ = [
     "PLURAL",
     "VERSION",
     "Accelerator",
+    "Adapter",
+    "AdapterSource",
     "Condition",
     "FleetModelSpec",
     "FleetModelStatus",
@@ -114,6 +116,29 @@ class Accelerator(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     whole GPUs."""
 
 
+MAX_ADAPTERS = 16
+"""The most LoRA adapters one FleetModel lists: each is loaded in every replica (llama.cpp keeps
+all of them in memory; vLLM reserves a slot per adapter it batches), and each is a model name."""
+AdapterName = Annotated[str, Meta(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][\w.:/\-]*$")]
+"""The contract's adapter name: what clients send as ``model`` (no ``=``, space or comma, which
+the engines' flags would split on)."""
+
+
+class AdapterSource(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """Where an adapter's weights come from: a model id in Fleet's registry (sha256-checked)."""
+
+    registry: Text
+
+
+class Adapter(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """A LoRA adapter served beside the base model, under its own model name."""
+
+    name: AdapterName
+    source: AdapterSource
+    rank: Annotated[int, Meta(ge=1, le=512)] | None = None
+    """vLLM: the adapter's LoRA rank, when above 16 (vLLM's default ``--max-lora-rank``)."""
+
+
 class Toleration(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     """A Pod toleration, as Kubernetes spells it."""
 
@@ -155,6 +180,9 @@ class FleetModelSpec(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     """A Secret key holding a Hugging Face token (``HF_TOKEN``), for gated models."""
     runtime_class_name: Dns1123Label | None = None
     """The pods' RuntimeClass, e.g. ``nvidia`` on k3s, which registers the NVIDIA runtime as one."""
+    adapters: Annotated[list[Adapter], Meta(max_length=MAX_ADAPTERS)] = []
+    """LoRA adapters served by the same replicas, each under its own model name
+    (:mod:`fleet_serving.adapters`)."""
 
 
 class Condition(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):

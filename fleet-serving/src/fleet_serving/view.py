@@ -243,6 +243,7 @@ class ClusterView:
             reason=status.message if status.phase != "Ready" else "",
             endpoints=self.endpoints(key),
             registry_model=seen.spec.source.registry,
+            adapters=tuple(a.name for a in seen.spec.adapters),
         )
 
     def report(
