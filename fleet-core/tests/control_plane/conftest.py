@@ -45,6 +45,16 @@ async def acme_api(
     return control_plane_url
 
 
+@pytest.fixture
+async def admin(
+    start_apiserver: ApiserverFactory, postgres_url: str, admin_headers: dict[str, str]
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The admin's client on a control plane with a database."""
+    url = await start_apiserver(database_url=postgres_url)
+    async with httpx.AsyncClient(base_url=url, headers=admin_headers, timeout=30) as http:
+        yield http
+
+
 @pytest.fixture(params=["memory", "postgres"])
 async def control_plane_url(
     request: pytest.FixtureRequest, start_apiserver: ApiserverFactory

@@ -8,7 +8,6 @@ past bigint answered 500); here each is refused with the right status and an env
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -22,16 +21,6 @@ from fleet_testing.fix_auth import bearer
 
 from .conftest import ApiserverFactory, bind, envelope, issue, refused_to_start, tenant_key
 from .test_inventory import report
-
-
-@pytest.fixture
-async def admin(
-    start_apiserver: ApiserverFactory, postgres_url: str, admin_headers: dict[str, str]
-) -> AsyncIterator[httpx.AsyncClient]:
-    """The admin's client on a control plane with a database."""
-    url = await start_apiserver(database_url=postgres_url)
-    async with httpx.AsyncClient(base_url=url, headers=admin_headers, timeout=30) as http:
-        yield http
 
 
 def as_(admin: httpx.AsyncClient, token: str | None) -> httpx.AsyncClient:

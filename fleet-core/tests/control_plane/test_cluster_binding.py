@@ -41,13 +41,6 @@ def hostile(url: str = "http://203.0.113.7:8000", model: str = QWEN) -> dict[str
     return doc
 
 
-@pytest.fixture
-async def admin(start_apiserver: Any, postgres_url: str, admin_headers: dict[str, str]) -> Any:
-    url = await start_apiserver(database_url=postgres_url)
-    async with httpx.AsyncClient(base_url=url, headers=admin_headers, timeout=30) as http:
-        yield http
-
-
 async def endpoints(admin: httpx.AsyncClient) -> dict[str, Any]:
     async with as_(admin, await issue(admin, "gateway")) as gateway:
         body: dict[str, Any] = (await gateway.get("/api/v1/endpoints")).json()

@@ -104,9 +104,10 @@ def quantity(size: int) -> str:
     return f"{value}{units[unit]}"
 
 
-def _parse(size: str) -> int:
-    """A :data:`fleet_serving.spec.VolumeSize` (``NNMi``, ``NNGi``, ``NNTi``) in bytes."""
-    units = {"Mi": MI, "Gi": 2**30, "Ti": 2**40}
+def parse_quantity(size: str) -> int:
+    """A :data:`fleet_serving.spec.VolumeSize` (``NNMi``, ``NNGi``, ``NNTi``), or a
+    :func:`quantity`, in bytes."""
+    units = {"Mi": MI, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
     return int(size[:-2]) * units[size[-2:]]
 
 
@@ -117,7 +118,7 @@ def model_bytes(spec: FleetModelSpec, registry: RegistryWeights | None) -> int |
     if _cached(spec):
         return LINKS_BYTES
     if spec.model_volume.size_limit is not None:
-        return _parse(spec.model_volume.size_limit)
+        return parse_quantity(spec.model_volume.size_limit)
     if registry is None:
         return None
     sizes = {f.path: f.size for f in registry.weights.files}
@@ -185,7 +186,7 @@ def fetch_storage(spec: FleetModelSpec, registry: RegistryWeights | None, resour
 def engine_storage(spec: FleetModelSpec, resources: Obj) -> Obj:
     """The engine's resources: it writes ``HOME``, and a hub model into ``models``."""
     hub = spec.model_volume.size_limit if spec.source.hugging_face is not None else None
-    return with_storage(resources, SCRATCH_REQUEST + (_parse(hub) if hub else 0))
+    return with_storage(resources, SCRATCH_REQUEST + (parse_quantity(hub) if hub else 0))
 
 
 def scratch_volume() -> Obj:

@@ -20,7 +20,8 @@ __all__ = ["crd_manifest", "main", "openapi_schema", "render_yaml"]
 
 _KEPT = {
     "type", "properties", "required", "items", "additionalProperties", "enum", "default",
-    "minimum", "maximum", "minLength", "maxLength", "pattern", "description", "nullable",
+    "minimum", "maximum", "minLength", "maxItems", "maxLength", "pattern", "description",
+    "nullable",
 }  # fmt: skip
 
 _SOURCE_RULE = {
@@ -32,6 +33,13 @@ _SOURCE_RULE = {
 _NAME_RULE = {
     "rule": f"size(self.metadata.name) <= 63 && self.metadata.name.matches('{spec.NAME_PATTERN}')",
     "message": spec.NAME_RULE,
+}
+
+
+_ADAPTERS_RULE = {
+    "rule": "!has(self.adapters) || self.adapters.all(a, a.name != self.servedModelName"
+    " && self.adapters.exists_one(b, b.name == a.name))",
+    "message": "each adapter needs a model name of its own: not the servedModelName, not twice",
 }
 
 
@@ -89,7 +97,7 @@ def openapi_schema() -> dict[str, Any]:
     spec_schema = _schema_of(spec.FleetModelSpec)
     spec_schema["properties"]["source"]["x-kubernetes-validations"] = [_SOURCE_RULE]
     spec_schema["properties"]["accelerator"]["x-kubernetes-validations"] = [_MIG_RULE]
-    spec_schema["x-kubernetes-validations"] = [_CACHE_RULE]
+    spec_schema["x-kubernetes-validations"] = [_CACHE_RULE, _ADAPTERS_RULE]
     return {
         "type": "object",
         "x-kubernetes-validations": [_NAME_RULE],

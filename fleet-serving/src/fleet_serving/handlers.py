@@ -19,6 +19,7 @@ import kopf
 import msgspec
 
 from fleet_serving import (
+    adapters,
     devices,
     images,
     observing,
@@ -28,6 +29,7 @@ from fleet_serving import (
     sources,
     statuses,
 )
+from fleet_serving.adapters import ResolvedAdapter
 from fleet_serving.control_plane import WeightsClient, WeightsUnavailable
 from fleet_serving.errors import ForeignObject, InvalidSpec, KubernetesError, Rejected
 from fleet_serving.kube import Kube
@@ -102,11 +104,11 @@ async def reconcile(body: Mapping[str, Any], deps: Deps, logger: Any) -> None:
             f"compute check skipped on {', '.join(unchecked[:5])}: no GPU feature discovery "
             f"(or chip) labels, so {profile.engine}'s compute floor could not be checked"
         )
-    registry = await _resolve_registry(deps, key, spec)
+    registry, resolved = await _resolve_registry(deps, key, spec)
     uid = body["metadata"].get("uid") or ""
     owner = rendering.Owner(name=seen.name, namespace=seen.namespace, uid=uid)
     desired = [
-        rendering.deployment(owner, spec, profile, registry, fetch=deps.fetch),
+        rendering.deployment(owner, spec, profile, registry, resolved, fetch=deps.fetch),
         rendering.service(owner, profile),
         rendering.disruption_budget(owner),
     ]
@@ -138,16 +140,27 @@ async def _blocked(deps: Deps, key: Key, reason: str, message: str) -> None:
     await publish_status(deps, key)
 
 
-async def _resolve_registry(deps: Deps, key: Key, spec: FleetModelSpec) -> RegistryWeights | None:
-    """A ``registry:`` source's Ready model. While its files cannot be fetched, the status says
-    why (Pending, WeightsNotReady), nothing is rendered, and kopf retries after a delay."""
-    if spec.source.registry is None:
-        return None
+async def _resolve_registry(
+    deps: Deps, key: Key, spec: FleetModelSpec
+) -> tuple[RegistryWeights | None, list[ResolvedAdapter]]:
+    """A ``registry:`` source's Ready model, and each adapter's. While any files cannot be
+    fetched, the status says why (Pending, WeightsNotReady), nothing is rendered, and kopf
+    retries after a delay."""
+    registry = None
     try:
-        registry = msgspec.structs.replace(
-            await deps.weights.resolve(spec.source.registry), weight_file=spec.weight_file
-        )
-        sources.check(spec, registry.weights)
+        if spec.source.registry is not None:
+            registry = msgspec.structs.replace(
+                await deps.weights.resolve(spec.source.registry), weight_file=spec.weight_file
+            )
+            sources.check(spec, registry.weights)
+        resolved = [
+            ResolvedAdapter(
+                name=a.name, index=i, registry=await deps.weights.resolve(a.source.registry)
+            )
+            for i, a in enumerate(spec.adapters)
+        ]
+        for adapter in resolved:
+            adapters.check_weights(spec.engine, adapter.name, adapter.registry.weights)
     except WeightsUnavailable as exc:
         deps.view.put_source(key, SourceIssue(str(exc), permanent=False))
         await publish_status(deps, key)
@@ -157,7 +170,7 @@ async def _resolve_registry(deps: Deps, key: Key, spec: FleetModelSpec) -> Regis
         await publish_status(deps, key)
         raise
     deps.view.put_source(key, None)
-    return registry
+    return registry, resolved
 
 
 def _model_of(body: kopf.Body) -> Key:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from fleet_contract import Engine, WeightFormat
-from fleet_serving import arguments, devices, sources
+from fleet_serving import adapters, arguments, devices, sources
 from fleet_serving.errors import InvalidSpec
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import FleetModelSpec
@@ -109,6 +109,7 @@ def check(spec: FleetModelSpec) -> EngineProfile:
         raise InvalidSpec(f"{profile.engine} needs at least {profile.min_gpus} GPU per replica")
     arguments.refuse_owned(spec.engine, spec.engine_args, gpus=spec.gpus_per_replica)
     devices.check(spec, profile.engine)
+    adapters.check(spec)
     return profile
 
 

@@ -8,11 +8,13 @@ in the cluster.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
-from fleet_serving import caching, devices, images, profiles, rollout, sources
+from fleet_serving import adapters, caching, devices, images, profiles, rollout, sources
+from fleet_serving.adapters import ResolvedAdapter
 from fleet_serving.profiles import EngineProfile
 from fleet_serving.sources import RegistryWeights
 from fleet_serving.spec import DEFAULT_ENGINE_KEY, GROUP, KIND, VERSION, FleetModelSpec
@@ -232,6 +234,35 @@ def _fetcher(
     ]
 
 
+def _with_adapters(
+    pod: Obj, spec: FleetModelSpec, resolved: Sequence[ResolvedAdapter], fetch: images.FetchImages
+) -> Obj:
+    """The adapters' engine flags, before the user's own engineArgs (which may override them),
+    and an init container fetching their files from the registry (:mod:`fleet_serving.adapters`)
+    into the ``models`` volume, whose bound grows by their size."""
+    if not resolved:
+        return pod
+    (engine,) = pod["containers"]
+    cut = len(engine["args"]) - len(spec.engine_args)
+    flags = adapters.engine_args(spec, resolved, model_dir=profiles.MODEL_DIR)
+    engine["args"] = [*engine["args"][:cut], *flags, *engine["args"][cut:]]
+    size = sum(f.size for adapter in resolved for f in adapter.registry.weights.files)
+    fetcher = _registry_fetcher(spec, resolved[0].registry) | {
+        "name": "fetch-adapters",
+        "image": spec.fetch_image or fetch.registry,
+        "args": adapters.fetch_args(resolved),
+        "resources": caching.with_storage({"requests": dict(FETCH_REQUESTS)}, size),
+        "securityContext": _container_security(),
+        "volumeMounts": [*caching.fetch_mounts(spec, profiles.MODEL_DIR), _scratch_mount()],
+    }
+    pod["initContainers"] = [*pod.get("initContainers", []), fetcher]
+    models = next(v for v in pod["volumes"] if v["name"] == "models")
+    bound = models["emptyDir"].get("sizeLimit")
+    if bound is not None and spec.model_volume.cache_claim is None:
+        models["emptyDir"]["sizeLimit"] = caching.quantity(caching.parse_quantity(bound) + size)
+    return pod
+
+
 def _registry_fetcher(spec: FleetModelSpec, registry: RegistryWeights) -> Obj:
     return {
         "name": "fetch-weights",
@@ -327,14 +358,17 @@ def deployment(
     spec: FleetModelSpec,
     profile: EngineProfile,
     registry: RegistryWeights | None = None,
+    resolved_adapters: Sequence[ResolvedAdapter] = (),
     *,
     fetch: images.FetchImages = images.DEFAULT,
 ) -> Obj:
     """The Deployment running ``spec.replicas`` engine pods. A ``registry:`` source needs
-    ``registry``, the resolved model (:mod:`fleet_serving.sources`); ``fetch``: the operator's
-    init container images."""
+    ``registry``, the resolved model (:mod:`fleet_serving.sources`); ``spec.adapters`` need
+    ``resolved_adapters``, theirs; ``fetch``: the operator's init container images."""
     if spec.source.registry is not None and registry is None:
         raise ValueError("a registry: source is rendered only once resolved")
+    if len(resolved_adapters) != len(spec.adapters):
+        raise ValueError("spec.adapters are rendered only once resolved")
     labels = common_labels(owner.name)
     # Scrape annotations only where /metrics answers without the engine's key (vLLM): a
     # llama-server behind --api-key answers 401, so scraping it needs the key (a ServiceMonitor
@@ -360,7 +394,12 @@ def deployment(
             "template": {
                 "metadata": {"labels": labels}
                 | ({"annotations": annotations} if annotations else {}),
-                "spec": _pod_spec(owner, spec, profile, registry, fetch=fetch),
+                "spec": _with_adapters(
+                    _pod_spec(owner, spec, profile, registry, fetch=fetch),
+                    spec,
+                    resolved_adapters,
+                    fetch,
+                ),
             },
         },
     }

@@ -26,6 +26,8 @@ __all__ = [
     "PLURAL",
     "VERSION",
     "Accelerator",
+    "Adapter",
+    "AdapterSource",
     "Condition",
     "FleetModelSpec",
     "FleetModelStatus",
@@ -154,6 +156,29 @@ class ModelVolume(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     the emptyDir holds only links."""
 
 
+MAX_ADAPTERS = 16
+"""The most LoRA adapters one FleetModel lists: each is loaded in every replica (llama.cpp keeps
+all of them in memory; vLLM reserves a slot per adapter it batches), and each is a model name."""
+AdapterName = Annotated[str, Meta(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][\w.:/\-]*$")]
+"""The contract's adapter name: what clients send as ``model`` (no ``=``, space or comma, which
+the engines' flags would split on)."""
+
+
+class AdapterSource(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """Where an adapter's weights come from: a model id in Fleet's registry (sha256-checked)."""
+
+    registry: Text
+
+
+class Adapter(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
+    """A LoRA adapter served beside the base model, under its own model name."""
+
+    name: AdapterName
+    source: AdapterSource
+    rank: Annotated[int, Meta(ge=1, le=512)] | None = None
+    """vLLM: the adapter's LoRA rank, when above 16 (vLLM's default ``--max-lora-rank``)."""
+
+
 class Toleration(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     """A Pod toleration, as Kubernetes spells it."""
 
@@ -207,6 +232,9 @@ class FleetModelSpec(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):
     )
     """How long a deleted pod keeps serving before its engine is stopped: set it to the longest
     stream clients expect (``max_tokens`` over tokens per second). Every deletion waits it out."""
+    adapters: Annotated[list[Adapter], Meta(max_length=MAX_ADAPTERS)] = []
+    """LoRA adapters served by the same replicas, each under its own model name
+    (:mod:`fleet_serving.adapters`)."""
 
 
 class Condition(msgspec.Struct, kw_only=True, frozen=True, rename="camel"):

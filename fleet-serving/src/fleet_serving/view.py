@@ -266,6 +266,7 @@ class ClusterView:
             registry_model=seen.spec.source.registry,
             accelerator=devices.resource_name(seen.spec) if asks else None,
             gpu_share=devices.card_share(mig) if asks and mig else None,
+            adapters=tuple(a.name for a in seen.spec.adapters),
         )
 
     def report(

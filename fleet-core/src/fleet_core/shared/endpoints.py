@@ -15,7 +15,15 @@ import msgspec
 
 from fleet_contract import Endpoint, Engine
 
-__all__ = ["DiscoveredEndpoints", "EndpointsDocument"]
+__all__ = ["DiscoveredAdapter", "DiscoveredEndpoints", "EndpointsDocument"]
+
+
+class DiscoveredAdapter(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """A LoRA adapter the endpoints serve beside the model, under its own name (ADR 0028)."""
+
+    name: str
+    index: int
+    """Its position in the deployment's ``adapters``: llama-server's id for it."""
 
 
 class DiscoveredEndpoints(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -25,6 +33,8 @@ class DiscoveredEndpoints(msgspec.Struct, frozen=True, kw_only=True, rename="cam
     cluster_id: str | None = None
     """The cluster whose binding admitted these endpoints (None from a control plane older than
     per-cluster engine keys: the gateway then sends them no key at all)."""
+    adapters: tuple[DiscoveredAdapter, ...] = ()
+    """The adapters the cluster's binding admits; a gateway that predates them routes none."""
 
 
 class EndpointsDocument(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -43,7 +43,8 @@ class BindingBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """``PUT /api/v1/clusters/{cluster_id}/binding``: the whole binding, replaced."""
 
     served_models: Annotated[list[_NAME], msgspec.Meta(max_length=_MAX_ENTRIES)]
-    """Served model names the cluster may report, exactly (no patterns: each is a routing name)."""
+    """Served model names the cluster may report, exactly (no patterns: each is a routing name);
+    a deployment's LoRA adapter names too, each a routing name of its own (ADR 0028)."""
     endpoints: Annotated[list[_NAME], msgspec.Meta(max_length=_MAX_ENTRIES)]
     """Where its endpoints may be: CIDRs (``10.42.0.0/16``), host names, or ``*.suffix``."""
 
@@ -131,6 +132,9 @@ def _outside(report: InventoryReport, binding: Binding | None) -> Iterator[tuple
     for d, deployment in enumerate(report.deployments):
         if deployment.served_model_name not in models:
             yield f"deployments[{d}].servedModelName", deployment.served_model_name
+        for a, adapter in enumerate(deployment.adapters):
+            if adapter not in models:
+                yield f"deployments[{d}].adapters[{a}]", adapter
         for e, endpoint in enumerate(deployment.endpoints):
             if not allows_endpoint(patterns, endpoint.url):
                 yield f"deployments[{d}].endpoints[{e}].url", endpoint.url

@@ -171,8 +171,9 @@ def endpoints_document(
 ) -> endpoints.EndpointsDocument:
     """Ready pod endpoints per served model and cluster, in a stable order: only what each
     cluster's binding allows *now* (a report accepted under a wider binding loses what the admin
-    has since taken away; a cluster without a binding contributes nothing)."""
-    merged: dict[tuple[str, str], tuple[Engine, dict[str, bool]]] = {}
+    has since taken away; a cluster without a binding contributes nothing). Deployments of one
+    name in one cluster share an entry when they serve the same adapters (ADR 0028)."""
+    merged: dict[_EntryKey, tuple[Engine, dict[str, bool]]] = {}
     for report in reports:
         binding = bound.get(report.cluster_id)
         if binding is None:
@@ -181,7 +182,8 @@ def endpoints_document(
         for deployment in report.deployments:
             if deployment.served_model_name not in binding.served_models:
                 continue
-            key = (deployment.served_model_name, report.cluster_id)
+            key = (deployment.served_model_name, report.cluster_id,
+                   _adapters(deployment.adapters, binding))  # fmt: skip
             _, urls = merged.setdefault(key, (deployment.engine, {}))
             for endpoint in deployment.endpoints:
                 if endpoint.ready and bindings.allows_endpoint(patterns, endpoint.url):
@@ -192,10 +194,20 @@ def endpoints_document(
             engine=engine,
             endpoints=tuple(Endpoint(url=u, ready=True) for u in sorted(urls)),
             cluster_id=cluster,
+            adapters=tuple(endpoints.DiscoveredAdapter(name=n, index=i) for n, i in adapters),
         )
-        for (name, cluster), (engine, urls) in sorted(merged.items())
+        for (name, cluster, adapters), (engine, urls) in sorted(merged.items())
     )
     return endpoints.EndpointsDocument(models=models)
+
+
+_EntryKey = tuple[str, str, tuple[tuple[str, int], ...]]
+"""(served model name, cluster, its adapters as (name, index))"""
+
+
+def _adapters(names: Iterable[str], binding: bindings.Binding) -> tuple[tuple[str, int], ...]:
+    """The adapters the binding admits, each with its position in the report (its engine id)."""
+    return tuple((n, i) for i, n in enumerate(names) if n in binding.served_models)
 
 
 def etag(body: bytes) -> str:

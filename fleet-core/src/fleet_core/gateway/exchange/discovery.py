@@ -33,6 +33,7 @@ def ready_models(document: EndpointsDocument) -> list[DiscoveredModel]:
             m.engine,
             tuple(e.url.rstrip("/") for e in m.endpoints if e.ready),
             m.cluster_id,
+            tuple((a.name, a.index) for a in m.adapters),
         )
         for m in document.models
     ]

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from fleet_core.gateway.edge.wire import ParsedRequest
+from fleet_core.gateway.exchange.routing import adapters
 from fleet_core.gateway.exchange.routing.table import Pool
 from fleet_core.shared.errors import InvalidRequest
 
@@ -56,9 +57,11 @@ def check(request: ParsedRequest) -> None:
 
 
 def forward_body(request: ParsedRequest, pool: Pool, *, default_max_tokens: int) -> bytes:
-    """The client's body for ``pool``: its model name, usage asked for on streams, and the
-    length the reservation assumed as ``max_tokens``, under no other name (see the module)."""
+    """The client's body for ``pool``: its model name (and LoRA adapter, `adapters.select`),
+    usage asked for on streams, and the length the reservation assumed as ``max_tokens``, under
+    no other name (see the module)."""
     body: dict[str, Any] = {**request.body, "model": pool.name}
+    adapters.select(body, pool.engine, pool.adapter)
     if request.stream and not request.wants_usage:
         options = body.get("stream_options") or {}
         body["stream_options"] = {**options, "include_usage": True}

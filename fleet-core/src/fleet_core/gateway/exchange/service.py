@@ -31,7 +31,7 @@ from fleet_core.gateway.edge.wire import Kind, ParsedRequest, StreamChunk, promp
 from fleet_core.gateway.exchange import lengths, tokenize
 from fleet_core.gateway.exchange.proxy import Opened, Proxy, engine_timeout
 from fleet_core.gateway.exchange.relay import Relay, StreamMeter
-from fleet_core.gateway.exchange.routing import affinity
+from fleet_core.gateway.exchange.routing import adapters, affinity
 from fleet_core.gateway.exchange.routing.endpoints import Ticket
 from fleet_core.gateway.exchange.routing.table import Pool, RoutingTable
 from fleet_core.gateway.exchange.tokenizers import RegistryTokenizers, registry_id
@@ -45,6 +45,7 @@ from fleet_core.gateway.metering.records import (
     UsageSink,
 )
 from fleet_core.shared.errors import FleetError, UpstreamError
+from fleet_core.shared.pricing import Rates
 
 __all__ = ["PATHS", "Admitted", "ClientLeft", "Exchange", "GatewayService"]
 
@@ -236,6 +237,13 @@ class GatewayService:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout_s)
 
+    def _rates(self, pool: Pool) -> Rates | None:
+        """The pool's model rate; an adapter without one is rated as its base (ADR 0028)."""
+        for name in adapters.rated_as(pool.name, pool.adapter):
+            if (rates := self._admission.rates(name)) is not None:
+                return rates
+        return None
+
     def _completion_reserve(self, request: ParsedRequest) -> int:
         """Every sequence the request may generate, in full (what is reserved for it)."""
         if request.kind == "embeddings":
@@ -248,7 +256,7 @@ class GatewayService:
         request = exchange.request
         completion = self._completion_reserve(request)
         prompt = exchange.prompt_tokens
-        rates = self._admission.rates(exchange.pool.name)
+        rates = self._rates(exchange.pool)
         units = rates.micro_units(fresh=prompt, cached=0, output=completion) if rates else 0
         demand = Amounts(prompt, completion, 0, units)  # by position: per request, cheaper
         exchange.reservation = await self._admission.admit(exchange.principal, demand)
@@ -395,7 +403,7 @@ class GatewayService:
             ),
             completion_cap=self._completion_reserve(exchange.request),
         )
-        rates = self._admission.rates(record.served_model)
+        rates = self._rates(opened.pool if opened else exchange.pool)
         if rates is not None:
             # Rated in place, before the record leaves here: the record is still being built
             # (nothing else holds it yet), so a second record via ``replace`` would only cost.

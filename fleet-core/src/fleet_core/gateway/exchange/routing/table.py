@@ -8,14 +8,18 @@ swap and an in-flight request keeps the state object it acquired.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fleet_core.gateway.config import EngineKind, GatewayConfig, RoutingPolicy
+from fleet_core.gateway.exchange.routing.adapters import AdapterOf
 from fleet_core.shared import engine_keys
 from fleet_core.shared.errors import InvalidRequest, ModelNotFound, shown
 
 __all__ = ["DiscoveredModel", "Pool", "RoutingTable", "Target", "build_table"]
+
+log = logging.getLogger("fleet.gateway.routing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,8 @@ class Pool:
     tokenizer: str | None = None
     source: str = "config"
     routing: RoutingPolicy = "least_load"
+    adapter: AdapterOf | None = None
+    """Set when the name is a LoRA adapter served by its base's endpoints (ADR 0028)."""
 
     @property
     def engine(self) -> EngineKind:
@@ -88,6 +94,8 @@ class DiscoveredModel:
     urls: tuple[str, ...]
     cluster_id: str | None = None
     """The cluster that serves them: its engine key is the one they get (ADR 0020)."""
+    adapters: tuple[tuple[str, int], ...] = ()
+    """LoRA adapters they serve beside the model: (name, id among the model's adapters)."""
 
 
 @dataclass
@@ -98,6 +106,7 @@ class _PoolDraft:
     tokenizer: str | None = None
     source: str = "config"
     routing: RoutingPolicy | None = None
+    adapter: AdapterOf | None = None
 
     def freeze(self, name: str, default_routing: RoutingPolicy) -> Pool:
         return Pool(
@@ -108,6 +117,7 @@ class _PoolDraft:
             tokenizer=self.tokenizer,
             source=self.source,
             routing=self.routing or default_routing,
+            adapter=self.adapter,
         )
 
 
@@ -129,18 +139,31 @@ def build_table(
         draft.routing = draft.routing or up.routing
     for model in discovered:
         draft = drafts.setdefault(model.name, _PoolDraft(source="discovery"))
-        known = {t.url for t in draft.targets}
-        key = (
-            ""
-            if model.cluster_id is None
-            else engine_keys.cluster_key(engine_key, model.cluster_id)
-        )
-        draft.targets += [
-            Target(u, model.engine, "discovered", key) for u in model.urls if u not in known
-        ]
+        draft.targets += _discovered_targets(model, {t.url for t in draft.targets}, engine_key)
+    for model in discovered:  # after every model: a model's own name is never an adapter's
+        _add_adapters(drafts, model, engine_key)
     pools = {name: draft.freeze(name, config.routing.policy) for name, draft in drafts.items()}
     names = {name: name for name in pools}
     for pool in pools.values():
         for alias in pool.aliases:
             names.setdefault(alias, pool.name)
     return RoutingTable(pools, config.default_model, names)
+
+
+def _add_adapters(drafts: dict[str, _PoolDraft], model: DiscoveredModel, engine_key: str) -> None:
+    """A pool per adapter of ``model``, over its endpoints. A name already taken by a model, or
+    by an adapter of another base or id, keeps its pool: these endpoints would answer it with
+    other weights (ADR 0028)."""
+    for name, index in model.adapters:
+        adapter = AdapterOf(model.name, index)
+        draft = drafts.setdefault(name, _PoolDraft(source="discovery", adapter=adapter))
+        if draft.adapter != adapter:
+            log.warning("adapter %r of %r not routed: the name is taken", name, model.name)
+            continue
+        draft.targets += _discovered_targets(model, {t.url for t in draft.targets}, engine_key)
+
+
+def _discovered_targets(model: DiscoveredModel, known: set[str], engine_key: str) -> list[Target]:
+    """The model's endpoints not in ``known``, each with its cluster's engine key."""
+    key = "" if model.cluster_id is None else engine_keys.cluster_key(engine_key, model.cluster_id)
+    return [Target(u, model.engine, "discovered", key) for u in model.urls if u not in known]
