@@ -31,6 +31,8 @@ __all__ = [
     "fleet_images_archive",
     "gemma_gguf",
     "llama_server_binary",
+    "lora_gguf",
+    "running_engine",
     "running_llama_server",
 ]
 
@@ -114,6 +116,16 @@ def running_llama_server(
         "--host", "127.0.0.1", "--port", str(port),
         "--threads", str(threads), "--ctx-size", "4096", "--parallel", "2", *engine_args,
     ]  # fmt: skip
+    with running_engine(argv, workdir, alias=alias, api_key=api_key, port=port) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_engine(
+    argv: list[str], workdir: Path, *, alias: str, api_key: str, port: int
+) -> Iterator[LlamaServer]:
+    """``llama-server`` run with exactly ``argv`` (listening on 127.0.0.1:``port``), its key in
+    its environment; stopped at the end."""
     log = workdir / f"llama-server-{port}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -130,6 +142,22 @@ def running_llama_server(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def lora_gguf(base: Path, out: Path) -> Path:
+    """A real LoRA adapter GGUF for ``base`` at ``out`` (seeded random weights, made by
+    ``e2e/engine/make_lora.py`` with llama.cpp's gguf-py, fetched into the cache first)."""
+    site = _script("fetch-gguf-py.sh")
+    done = subprocess.run(
+        [sys.executable, str(ENGINE_SCRIPTS / "make_lora.py"), str(base), str(out)],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise servers.StartError(f"make_lora.py failed: {done.stderr[-2000:]}")
+    return out
 
 
 def fleet_images_archive() -> Path:

@@ -216,10 +216,10 @@ def start_control_plane(procs: Processes, database_url: str, admin_token: str, s
     return Api(processes.control_plane(procs, env), admin_token)
 
 
-def import_model(admin: Api, gguf: Path) -> None:
+def import_model(admin: Api, gguf: Path, model_id: str = MODEL) -> None:
     """``fleet models import`` as a user without hub access: hashes, uploads, parses."""
     started = time.monotonic()
-    argv = [str(BIN / "fleet"), "--api", admin.url, "models", "import", str(gguf), "--id", MODEL]
+    argv = [str(BIN / "fleet"), "--api", admin.url, "models", "import", str(gguf), "--id", model_id]
     done = subprocess.run(
         argv,
         env=clean_env(FLEET_TOKEN=admin.token),
@@ -230,7 +230,7 @@ def import_model(admin: Api, gguf: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     print(f"fleet models import: {time.monotonic() - started:.1f} s")
-    assert admin.call("GET", f"/api/v1/models/{MODEL}")["status"] == "Ready"
+    assert admin.call("GET", f"/api/v1/models/{model_id}")["status"] == "Ready"
 
 
 def start_operator(

@@ -59,22 +59,39 @@ def test_a_name_taken_by_a_model_or_another_bases_adapter_keeps_its_pool() -> No
 
 
 @pytest.mark.parametrize(
-    ("engine", "adapter", "given", "sent"),
+    ("engine", "adapter", "loaded", "given", "sent"),
     [
-        ("llamacpp", AdapterOf("gemma", 2), None, [{"id": 2, "scale": 1.0}]),
-        ("llamacpp", AdapterOf("gemma", 0), [{"id": 1, "scale": 9}], [{"id": 0, "scale": 1.0}]),
-        ("llamacpp", None, [{"id": 0, "scale": 1.0}], None),  # the base stays unadapted
-        ("llamacpp", None, None, None),
-        ("vllm", AdapterOf("qwen", 0), None, None),  # vLLM: the model name says it
-        ("openai", None, "passed", "passed"),  # not ours to touch elsewhere
+        ("llamacpp", AdapterOf("gemma", 2), True, None, [{"id": 2, "scale": 1.0}]),
+        ("llamacpp", AdapterOf("gemma", 0), True, [{"id": 1, "scale": 9}],
+         [{"id": 0, "scale": 1.0}]),
+        # the base, on engines loading adapters: all off, whatever the client said
+        ("llamacpp", None, True, [{"id": 0, "scale": 1.0}], [{"id": 0, "scale": 0.0}]),
+        ("llamacpp", None, True, None, [{"id": 0, "scale": 0.0}]),
+        # engines without adapters: no id to name (llama-server refuses an unknown one)
+        ("llamacpp", None, False, [{"id": 0, "scale": 1.0}], None),
+        ("llamacpp", None, False, None, None),
+        ("vllm", AdapterOf("qwen", 0), True, None, None),  # vLLM: the model name says it
+        ("openai", None, False, "passed", "passed"),  # not ours to touch elsewhere
     ],
-)
+)  # fmt: skip
 def test_the_gateway_owns_llama_servers_lora_field(
-    engine: Any, adapter: AdapterOf | None, given: Any, sent: Any
+    engine: Any, adapter: AdapterOf | None, loaded: bool, given: Any, sent: Any
 ) -> None:
     body: dict[str, Any] = {"model": "m"} | ({} if given is None else {"lora": given})
-    adapters.select(body, engine, adapter)
+    adapters.select(body, engine, adapter, loaded=loaded)
     assert body.get("lora") == sent
+
+
+def test_a_base_pool_asks_for_no_adapter_only_when_every_endpoint_loads_some() -> None:
+    static = UpstreamConfig(id="s", model="qwen", engine="llamacpp", endpoints=(B,))
+    found = [
+        DiscoveredModel("gemma", "llamacpp", (A,), "c1", (("pirate", 0),)),
+        DiscoveredModel("qwen", "llamacpp", (A,), "c1", (("poet", 0),)),  # and B, static
+        DiscoveredModel("phi", "llamacpp", (B,), "c1"),
+    ]
+    table = build_table(GatewayConfig(upstreams=(static,)), found)
+    loaded = {name: pool.adapters_loaded for name, pool in table.pools.items()}
+    assert loaded == {"gemma": True, "pirate": True, "qwen": False, "poet": True, "phi": False}
 
 
 @given(base=st.text(min_size=1, max_size=8), name=st.text(min_size=1, max_size=8),
@@ -139,7 +156,7 @@ async def test_adapters_are_routed_selected_and_recorded_under_their_names(
         assert reply.model == model
     assert [(b["model"], b.get("lora")) for b in bodies] == [
         ("poet", [{"id": 1, "scale": 1.0}]),
-        ("gemma", None),
+        ("gemma", [{"id": 0, "scale": 0.0}]),
         ("pirate", [{"id": 0, "scale": 1.0}]),
     ]
     records = await records_of(gw.url)

@@ -61,7 +61,7 @@ def forward_body(request: ParsedRequest, pool: Pool, *, default_max_tokens: int)
     usage asked for on streams, and the length the reservation assumed as ``max_tokens``, under
     no other name (see the module)."""
     body: dict[str, Any] = {**request.body, "model": pool.name}
-    adapters.select(body, pool.engine, pool.adapter)
+    adapters.select(body, pool.engine, pool.adapter, loaded=pool.adapters_loaded)
     if request.stream and not request.wants_usage:
         options = body.get("stream_options") or {}
         body["stream_options"] = {**options, "include_usage": True}

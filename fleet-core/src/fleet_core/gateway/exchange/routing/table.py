@@ -46,6 +46,8 @@ class Pool:
     routing: RoutingPolicy = "least_load"
     adapter: AdapterOf | None = None
     """Set when the name is a LoRA adapter served by its base's endpoints (ADR 0028)."""
+    adapters_loaded: bool = False
+    """Every endpoint loads LoRA adapters: a request for the base must ask for none."""
 
     @property
     def engine(self) -> EngineKind:
@@ -108,7 +110,7 @@ class _PoolDraft:
     routing: RoutingPolicy | None = None
     adapter: AdapterOf | None = None
 
-    def freeze(self, name: str, default_routing: RoutingPolicy) -> Pool:
+    def freeze(self, name: str, default_routing: RoutingPolicy, adapted: set[str]) -> Pool:
         return Pool(
             name=name,
             targets=tuple(self.targets),
@@ -118,6 +120,7 @@ class _PoolDraft:
             source=self.source,
             routing=self.routing or default_routing,
             adapter=self.adapter,
+            adapters_loaded=bool(self.targets) and all(t.url in adapted for t in self.targets),
         )
 
 
@@ -142,7 +145,9 @@ def build_table(
         draft.targets += _discovered_targets(model, {t.url for t in draft.targets}, engine_key)
     for model in discovered:  # after every model: a model's own name is never an adapter's
         _add_adapters(drafts, model, engine_key)
-    pools = {name: draft.freeze(name, config.routing.policy) for name, draft in drafts.items()}
+    adapted = {url for model in discovered if model.adapters for url in model.urls}
+    policy = config.routing.policy
+    pools = {name: draft.freeze(name, policy, adapted) for name, draft in drafts.items()}
     names = {name: name for name in pools}
     for pool in pools.values():
         for alias in pool.aliases:
