@@ -126,3 +126,18 @@ def test_a_refused_argument_fails_the_model_with_the_reason() -> None:
     assert (status.phase, status.reason) == ("Failed", "InvalidSpec")
     assert status.message.startswith("spec.engineArgs[1] '--port' is set by the operator: ")
     assert "probes" in status.message
+
+
+def test_image_and_engine_args_change_nothing_but_the_engines_image_and_argv() -> None:
+    """What a FleetModel can put in ``image`` and ``engineArgs`` cannot reach the pod's security
+    context, volumes, host namespaces or ServiceAccount (test_pod_escapes_e2e.py: on a real API
+    server, with the fields a spec might try to smuggle in)."""
+    hostile = ["--privileged", "--volume=/:/host", "--user=0", "--network=host", "--cap-add=ALL"]
+    plain, tried = spec(), spec(image="ghcr.io/evil/root:1", engineArgs=hostile)
+    before = rendering.deployment(OWNER, plain, profiles.check(plain))
+    after = rendering.deployment(OWNER, tried, profiles.check(tried))
+    engine = after["spec"]["template"]["spec"]["containers"][0]
+    assert engine["image"] == "ghcr.io/evil/root:1"
+    assert engine["args"][-len(hostile) :] == hostile
+    engine |= {"image": profiles.VLLM.image, "args": engine["args"][: -len(hostile)]}
+    assert after == before
