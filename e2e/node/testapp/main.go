@@ -1,5 +1,6 @@
 // Command testapp is the one program in the node tests' image: an HTTP server whose endpoints
-// make a container do what a test needs (exit, allocate memory, try to write its root fs), and
+// make a container do what a test needs (exit, allocate memory, try to write its root fs, stream
+// a line a second), and
 // client modes for exec probes and for checks from inside a pod (HTTP get, DNS lookup).
 // Standard library only, built static (CGO off), so the image is this one file.
 package main
@@ -93,6 +94,17 @@ func serve() {
 		log.Printf("exiting with %d", code)
 		fmt.Fprintln(w, "bye")
 		go func() { time.Sleep(100 * time.Millisecond); os.Exit(code) }()
+	})
+	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
+		// A long response, like an engine's token stream: cut short if the process stops.
+		lines, _ := strconv.Atoi(r.URL.Query().Get("lines"))
+		flusher, _ := w.(http.Flusher)
+		for i := 0; i < lines; i++ {
+			fmt.Fprintf(w, "line %d\n", i)
+			flusher.Flush()
+			time.Sleep(time.Second)
+		}
+		fmt.Fprintln(w, "done")
 	})
 	mux.HandleFunc("/alloc", func(w http.ResponseWriter, r *http.Request) {
 		mb, _ := strconv.Atoi(r.URL.Query().Get("mb"))
