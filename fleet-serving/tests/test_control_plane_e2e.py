@@ -100,3 +100,35 @@ async def test_an_operator_without_a_valid_credential_changes_nothing(
         session.get(f"{control_plane}/api/v1/inventory") as response,
     ):
         assert (await response.json())["data"] == []
+
+
+def mig_node(name: str) -> dict[str, Any]:
+    """An H100 node under the device plugin's mixed strategy: one whole card, one cut in seven."""
+    node = a_gpu_node(name, gpus=1, major=9, minor=0)
+    node["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-H100-80GB-HBM3"
+    node["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "7"
+    node["status"]["capacity"] = node["status"]["allocatable"]
+    return node
+
+
+async def test_a_mig_fleet_is_reported_and_priced_by_the_card(
+    cluster: Cluster, control_plane: str, start_operator: StartOperator, admin_token: str
+) -> None:
+    await cluster.create(NODES, mig_node("h100-1"))
+    token = await operator_credential(control_plane, admin_token, "test")
+    await asyncio.to_thread(bind_cluster, control_plane, admin_token, "test", ["qwen"])
+    await start_operator(control_plane, "--report-interval=30s", token=token)
+    await cluster.create(FM, fleetmodel("qwen", accelerator={"migProfile": "1g.10gb"}))
+    url = f"{control_plane}/api/v1/clusters/test"
+    report = await until_reported(url, admin_token)
+    (model,) = report["deployments"]
+    assert model["accelerator"] == "nvidia.com/mig-1g.10gb"
+    assert model["gpuShare"] == {"numerator": 1, "denominator": 7}
+    (gpu,) = report["nodes"][0]["gpus"]
+    assert gpu["migSlices"] == [
+        {"profile": "1g.10gb", "count": 7, "share": {"numerator": 1, "denominator": 7}}
+    ]
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {admin_token}"}) as http:
+        async with http.get(url) as response:
+            summary = (await response.json())["summary"]
+    assert summary["cards"] == "2"  # the whole card, and seven sevenths of the other
