@@ -128,7 +128,7 @@ async def test_a_mig_fleet_is_reported_and_priced_by_the_card(
     assert gpu["migSlices"] == [
         {"profile": "1g.10gb", "count": 7, "share": {"numerator": 1, "denominator": 7}}
     ]
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {admin_token}"}) as http:
-        async with http.get(url) as response:
-            summary = (await response.json())["summary"]
+    auth = {"Authorization": f"Bearer {admin_token}"}
+    async with aiohttp.ClientSession(headers=auth) as http, http.get(url) as response:
+        summary = (await response.json())["summary"]
     assert summary["cards"] == "2"  # the whole card, and seven sevenths of the other
