@@ -44,12 +44,12 @@ names=("$host")
 for extra in localhost 127.0.0.1; do [[ $extra == "$host" ]] || names+=("$extra"); done
 
 with_openssl() {
-  local dir san="" name
+  local san="" name
   for name in "${names[@]}"; do
     if is_ip "$name"; then san+="${san:+,}IP:$name"; else san+="${san:+,}DNS:$name"; fi
   done
   dir="$(mktemp -d)"
-  trap 'rm -rf "$dir"' EXIT
+  trap 'rm -rf "${dir:-}"' EXIT  # global: the trap runs after this function returns
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 397 \
     -subj "/CN=$host" -addext "subjectAltName=$san" -addext "extendedKeyUsage=serverAuth" \
     -keyout "$dir/tls.key" -out "$dir/tls.crt"

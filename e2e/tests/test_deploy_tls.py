@@ -91,7 +91,7 @@ def test_the_install_makes_a_certificate_for_the_host_once_and_keeps_it(
         (tmp_path / name).write_bytes(content)
     for name in (HOST, "localhost"):
         assert handshake(tmp_path, name) == "ok", name
-    assert "hostname mismatch" in handshake(tmp_path, "other.example.test")
+    assert "Hostname mismatch" in handshake(tmp_path, "other.example.test")
     kept = tls_script(kubectl, FLEET_GATEWAY_HOST="another.example.test")
     assert kept.returncode == 0
     assert "keeping" in kept.stderr
