@@ -369,7 +369,10 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error_frame_and_com
             and engine_status(p)["restartCount"] >= 1
         ],
         within=120,
-        what="the engine restarted and ready",
+        what=lambda: (
+            "the engine restarted and ready; it is "
+            + str([engine_status(p) for p in fleet.pods() if p["metadata"]["name"] == name])
+        ),
     )
     assert restarted[0]["status"]["podIP"] == serving["status"]["podIP"]
     eventually_blocking(
