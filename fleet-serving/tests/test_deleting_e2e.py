@@ -101,5 +101,6 @@ async def test_a_model_that_fails_to_reconcile_does_not_stop_the_resync(
         ),
         within=20,
     )
-    assert operator.output().count(failing) >= 2  # and it goes on failing, pass after pass
+    # and it goes on failing, pass after pass
+    await eventually(lambda: operator.output().count(failing) >= 2, within=20)
     assert operator.process.returncode is None
