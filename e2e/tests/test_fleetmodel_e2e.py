@@ -256,34 +256,31 @@ spec:
 
 def test_two_replicas_on_a_cache_claim_download_the_model_once(fleet: Fleet) -> None:
     store = fleet.workdir / "model-cache"
-    volume = cache_claim(fleet, store)
-    try:
-        fleet.kubectl("apply", "-f", "-", stdin=fleetmodel_yaml(fleet.namespace, 2, "model-cache"))
-        deployment = f"/apis/apps/v1/namespaces/{fleet.namespace}/deployments/{FM_NAME}"
+    cache_claim(fleet, store)  # kept for the module: later tests kill and restart these pods
+    fleet.kubectl("apply", "-f", "-", stdin=fleetmodel_yaml(fleet.namespace, 2, "model-cache"))
+    deployment = f"/apis/apps/v1/namespaces/{fleet.namespace}/deployments/{FM_NAME}"
 
-        def claimed() -> bool:  # the operator rendered the claim: rollout status means the new pods
-            found = fleet.cluster.get(deployment) or {}
-            volumes = found.get("spec", {}).get("template", {}).get("spec", {}).get("volumes", [])
-            return any("persistentVolumeClaim" in v for v in volumes)
+    def claimed() -> bool:  # the operator rendered the claim: rollout status means the new pods
+        found = fleet.cluster.get(deployment) or {}
+        volumes = found.get("spec", {}).get("template", {}).get("spec", {}).get("volumes", [])
+        return any("persistentVolumeClaim" in v for v in volumes)
 
-        eventually_blocking(claimed, within=60, what="the Deployment with the cache claim")
-        fleet.kubectl("rollout", "status", f"deployment/{FM_NAME}", "--timeout=300s")
-        cached = [p["metadata"]["name"] for p in fleet.pods()
-                  if any("persistentVolumeClaim" in v for v in p["spec"]["volumes"])]  # fmt: skip
-        assert len(cached) == 2
-        # One pod at a time rolls (maxSurge 1): the first downloads, the second finds the files.
-        logs = fleet.node.pod_logs(fleet.namespace)
-        fetches = [text for key, text in logs.items()
-                   if key.split("/")[:2] in ([pod, "fetch-weights"] for pod in cached)]  # fmt: skip
-        said = sorted("fetching" if "fetching" in t else "cached" for t in fetches)
-        assert said == ["cached", "fetching"], fetches
-        assert list((store / "sha256").iterdir())  # stored, each file once, by its sha256
-        assert list((store / "partial").iterdir()) == []
-        eventually_blocking(lambda: len(fleet.endpoints()) == 2, within=60, what="both routed")
-        with fleet.client() as client:
-            short_chat(client)  # the engine loads the model through the link into the claim
-    finally:
-        fleet.kubectl("delete", "pv", volume, "--wait=false")
+    eventually_blocking(claimed, within=60, what="the Deployment with the cache claim")
+    fleet.kubectl("rollout", "status", f"deployment/{FM_NAME}", "--timeout=300s")
+    cached = [p["metadata"]["name"] for p in fleet.pods()
+              if any("persistentVolumeClaim" in v for v in p["spec"]["volumes"])]  # fmt: skip
+    assert len(cached) == 2
+    # One pod at a time rolls (maxSurge 1): the first downloads, the second finds the files.
+    logs = fleet.node.pod_logs(fleet.namespace)
+    fetches = [text for key, text in logs.items()
+               if key.split("/")[:2] in ([pod, "fetch-weights"] for pod in cached)]  # fmt: skip
+    said = sorted("fetching" if "fetching" in t else "cached" for t in fetches)
+    assert said == ["cached", "fetching"], fetches
+    assert list((store / "sha256").iterdir())  # stored, each file once, by its sha256
+    assert list((store / "partial").iterdir()) == []
+    eventually_blocking(lambda: len(fleet.endpoints()) == 2, within=60, what="both routed")
+    with fleet.client() as client:
+        short_chat(client)  # the engine loads the model through the link into the claim
 
 
 def processing(fleet: Fleet, pod: dict[str, Any]) -> bool:
