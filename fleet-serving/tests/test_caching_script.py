@@ -105,13 +105,19 @@ def blobs(files: dict[str, bytes] = FILES) -> list[str]:
     return sorted(f"sha256/{hashlib.sha256(b).hexdigest()}" for b in files.values())
 
 
+async def first_pod(url: str, tmp_path: Path) -> Path:
+    """The first pod on an empty cache, ``pod-a``, fetched without error; the cache's path."""
+    cache = tmp_path / "cache"
+    code, out = await fetch(args_for(url), cache, tmp_path / "pod-a")
+    assert code == 0, out
+    return cache
+
+
 async def test_a_second_pod_on_the_cache_downloads_nothing(
     server: tuple[str, Weights], tmp_path: Path
 ) -> None:
     url, state = server
-    cache = tmp_path / "cache"
-    code, out = await fetch(args_for(url), cache, tmp_path / "pod-a")
-    assert code == 0, out
+    cache = await first_pod(url, tmp_path)
     assert sorted(state.requested) == sorted(FILES)
     assert read_model(tmp_path / "pod-a") == FILES
     assert stored(cache) == blobs()  # one file per sha256, no partial left
@@ -167,9 +173,7 @@ async def test_models_sharing_a_file_share_its_copy(
     server: tuple[str, Weights], tmp_path: Path
 ) -> None:
     url, state = server
-    cache = tmp_path / "cache"
-    code, out = await fetch(args_for(url), cache, tmp_path / "pod-a")
-    assert code == 0, out
+    cache = await first_pod(url, tmp_path)
     state.requested.clear()
     state.files["other.gguf"] = b"GGUF another quantization"
     other = {"other.gguf": state.files["other.gguf"], "extra/tokenizer.json": b"{}\n"}
